@@ -1,0 +1,1 @@
+"""Bundled configurations, found by name: ``--config default`` reads ``default.toml`` here."""

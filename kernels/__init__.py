@@ -1,0 +1,1 @@
+"""Triton kernels for MIA Engine, each beside the plain torch reference it is tested against."""

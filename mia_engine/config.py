@@ -1,0 +1,273 @@
+"""Configuration: one frozen msgspec struct per component, gathered in ``MIAConfig``.
+
+A config is a TOML file (``configs/*.toml``; the bundled ones are found by name) plus command-line
+overrides. Everything is validated in one place, ``load_config``; a problem is reported as one line
+that names the field, e.g. ``roles.judge.alias_of: unknown role 'boss'``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from .memory.config import MemoryConfig
+
+RESERVED_MODEL_IDS = frozenset({"mia"})
+"""Model ids that are not roles or engines: ``mia`` is the research agent."""
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message is one line that names the field."""
+
+
+class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class ServerConfig(_Frozen):
+    """The HTTP front end."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = 8000
+    """TCP port to bind."""
+    api_key: str = ""
+    """When set, every /v1 request must send ``Authorization: Bearer <api_key>``."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Larger request bodies are refused with 413 before they are parsed."""
+    max_n: int = 16
+    """Largest ``n`` (completions per request) accepted."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the server and of the engine."""
+    access_log: bool = False
+    """Log one line per HTTP request (costs latency under load)."""
+
+
+class EngineConfig(_Frozen):
+    """One vLLM engine (one base model); every role on the same base shares it through multi-LoRA."""
+
+    model: str
+    """A local Hugging Face model folder, or ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
+    dtype: str = "auto"
+    """Weights and activation dtype (``auto`` takes the model's)."""
+    max_model_len: int = 2048
+    """Context length: prompt + completion tokens."""
+    gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory for weights + KV cache (on CPU, of a NUMA node's memory)."""
+    cpu_kv_cache_space_gib: float = 1.0
+    """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
+    tensor_parallel_size: int = 1
+    """GPUs one replica of the model is split across."""
+    data_parallel_size: int = 1
+    """Replicas of the model (requests are balanced across them)."""
+    devices: list[int] = []
+    """GPU indices this engine runs on (``CUDA_VISIBLE_DEVICES``); empty = the process's default."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture / compilation: faster start, slower decode."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes (G plans of one question share the prompt)."""
+    max_num_seqs: int = 256
+    """Sequences decoded together in one step."""
+    enable_lora: bool = True
+    """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank that can be loaded."""
+    max_loras: int = 4
+    """Distinct adapters in one batch (Planner + Executor versions need at least 2, plus one for a swap)."""
+    max_cpu_loras: int = 8
+    """Adapters cached in host memory (old versions being drained count)."""
+    seed: int = 0
+    """Engine seed (per-request ``seed`` still decides a request's sampling)."""
+
+
+class SamplingDefaults(_Frozen):
+    """A role's sampling defaults; a request's own values win."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    max_tokens: int = 0
+    """Default completion length; 0 = up to the context length."""
+
+
+class RoleConfig(_Frozen):
+    """A role (planner, executor, manager, ...) = an engine + an optional LoRA adapter + sampling."""
+
+    engine: str = ""
+    """Name of the engine in ``[engines]``."""
+    adapter: str = ""
+    """LoRA adapter folder (PEFT format), ``embedded:<name>`` for one built with the embedded model, or empty for the base."""
+    alias_of: str = ""
+    """Serve this role as another role (e.g. judge = manager); other fields must stay empty."""
+    sampling: SamplingDefaults = SamplingDefaults()
+
+
+class ModelsConfig(_Frozen):
+    """Where embedded models are built and cached."""
+
+    home: str = ""
+    """Cache folder; empty = ``$MIA_HOME`` or ``~/.cache/mia_engine``."""
+
+
+class MIAConfig(_Frozen):
+    """The root configuration."""
+
+    engines: dict[str, EngineConfig]
+    """Engines by name."""
+    roles: dict[str, RoleConfig]
+    """Roles by name; each name is also a model id of the OpenAI endpoint."""
+    server: ServerConfig = ServerConfig()
+    models: ModelsConfig = ModelsConfig()
+    memory: MemoryConfig = MemoryConfig()
+    data_dir: str = ""
+    """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
+
+    def resolved_data_dir(self) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+        return Path(base) / "mia_engine"
+
+
+def bundled_config(name: str) -> Path | None:
+    """The config shipped under ``configs/`` with this name (``default``, ``tiny``, ``8xgpu``), if any."""
+    candidate = resources.files("mia_engine.configs") / f"{name}.toml"
+    return Path(str(candidate)) if candidate.is_file() else None
+
+
+def read_toml(name_or_path: str) -> dict[str, Any]:
+    path = bundled_config(name_or_path) if "/" not in name_or_path and not name_or_path.endswith(".toml") else None
+    path = path or Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--config: no such file or bundled config: {name_or_path!r}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+
+
+def parse_override_value(text: str) -> Any:
+    """A TOML value (``8``, ``true``, ``[0, 1]``, ``"x"``), or the text itself as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``raw[a][b][c] = value`` for ``dotted = "a.b.c"``, creating tables on the way."""
+    keys = dotted.split(".")
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, cannot set {dotted}")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> MIAConfig:
+    """Read, override, convert and cross-check a config; raise ``ConfigError`` naming the field."""
+    raw = read_toml(name_or_path)
+    for dotted, value in (overrides or {}).items():
+        apply_override(raw, dotted, value)
+    _check_named_tables(raw)
+    try:
+        config = msgspec.convert(raw, MIAConfig)
+    except msgspec.ValidationError as err:
+        raise ConfigError(_field_message(err)) from None
+    _check(config)
+    return config
+
+
+def _check_named_tables(raw: dict[str, Any]) -> None:
+    """Convert ``[engines.X]`` / ``[roles.X]`` one by one, so that an error names X (msgspec says ``[...]``)."""
+    for section, struct in (("engines", EngineConfig), ("roles", RoleConfig)):
+        tables = raw.get(section)
+        if not isinstance(tables, dict):
+            continue
+        for name, table in tables.items():
+            try:
+                msgspec.convert(table, struct)
+            except msgspec.ValidationError as err:
+                raise ConfigError(_field_message(err, f"{section}.{name}")) from None
+
+
+def _field_message(err: msgspec.ValidationError, prefix: str = "") -> str:
+    """``"Expected `int`, got `str` - at `$.a.b`"`` -> ``"prefix.a.b: Expected `int`, got `str`"``."""
+    message, _, path = str(err).partition(" - at `$")
+    path = ".".join(p for p in (prefix, path.rstrip("`").lstrip(".")) if p)
+    return f"{path}: {message}" if path else message
+
+
+def _check(config: MIAConfig) -> None:
+    """Cross-field rules that a struct's own types cannot express."""
+    if not config.engines:
+        raise ConfigError("engines: at least one engine is required")
+    if not config.roles:
+        raise ConfigError("roles: at least one role is required")
+    for name in list(config.engines) + list(config.roles):
+        if name in RESERVED_MODEL_IDS:
+            raise ConfigError(f"{name}: is a reserved model id")
+    clash = set(config.engines) & set(config.roles)
+    if clash:
+        raise ConfigError(f"roles.{sorted(clash)[0]}: a role cannot have the name of an engine")
+    for name, engine in config.engines.items():
+        _check_engine(name, engine)
+    for name, role in config.roles.items():
+        _check_role(config, name, role)
+    _check_positive("server.max_n", config.server.max_n)
+    if not 0 <= config.server.port <= 65535:
+        raise ConfigError(f"server.port: {config.server.port} is not a TCP port")
+
+
+def _check_engine(name: str, engine: EngineConfig) -> None:
+    prefix = f"engines.{name}"
+    for field in ("max_model_len", "tensor_parallel_size", "data_parallel_size", "max_num_seqs",
+                  "max_loras", "max_cpu_loras", "max_lora_rank"):
+        _check_positive(f"{prefix}.{field}", getattr(engine, field))
+    if not 0 < engine.gpu_memory_utilization <= 1:
+        raise ConfigError(f"{prefix}.gpu_memory_utilization: must be in (0, 1]")
+    if engine.max_cpu_loras < engine.max_loras:
+        raise ConfigError(f"{prefix}.max_cpu_loras: must be >= max_loras ({engine.max_loras})")
+    if engine.devices and len(engine.devices) != engine.tensor_parallel_size * engine.data_parallel_size:
+        raise ConfigError(f"{prefix}.devices: needs tensor_parallel_size x data_parallel_size entries")
+
+
+def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
+    prefix = f"roles.{name}"
+    if role.alias_of:
+        target = config.roles.get(role.alias_of)
+        if target is None:
+            raise ConfigError(f"{prefix}.alias_of: unknown role {role.alias_of!r}")
+        if target.alias_of:
+            raise ConfigError(f"{prefix}.alias_of: {role.alias_of!r} is itself an alias")
+        if role.engine or role.adapter:
+            raise ConfigError(f"{prefix}: an alias takes no engine or adapter")
+        return
+    if role.engine not in config.engines:
+        raise ConfigError(f"{prefix}.engine: unknown engine {role.engine!r}")
+    if role.adapter and not config.engines[role.engine].enable_lora:
+        raise ConfigError(f"{prefix}.adapter: engine {role.engine!r} has enable_lora = false")
+    s = role.sampling
+    if not 0 <= s.temperature <= 2 or not 0 < s.top_p <= 1 or s.max_tokens < 0:
+        raise ConfigError(f"{prefix}.sampling: temperature in [0, 2], top_p in (0, 1], max_tokens >= 0")
+
+
+def _check_positive(field: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{field}: must be >= 1, got {value}")
+
+
+def resolve_role(config: MIAConfig, name: str) -> tuple[str, RoleConfig]:
+    """Follow an alias: ``judge`` -> (``manager``, manager's config)."""
+    role = config.roles[name]
+    if role.alias_of:
+        return role.alias_of, config.roles[role.alias_of]
+    return name, role

@@ -1,0 +1,1 @@
+"""Engines (one vLLM ``AsyncLLM`` per base model) and the roles served on them."""

@@ -1,0 +1,152 @@
+"""Versioned LoRA adapters per role, swapped under live traffic.
+
+vLLM caches an adapter by id and keys its prefix cache by (name, path), so re-using an id or a path
+for new weights silently serves stale ones (shared/ENGINE-NOTES.md). Every published version therefore
+gets a fresh id, name and path. New requests switch to it at once; the old version stays loaded until
+its last in-flight request ends, and only then is it removed from the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from vllm.lora.request import LoRARequest
+
+log = logging.getLogger(__name__)
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served; the previous version (if any) keeps serving."""
+
+
+class LoRAHost(Protocol):
+    """What the registry needs of an engine."""
+
+    max_lora_rank: int
+
+    async def add_lora(self, request: LoRARequest) -> bool: ...
+
+    async def remove_lora(self, lora_id: int) -> bool: ...
+
+
+@dataclass
+class AdapterVersion:
+    role: str
+    version: int
+    lora_id: int
+    path: Path
+    in_flight: int = 0
+    is_retired: bool = False
+
+    def lora_request(self) -> LoRARequest:
+        return LoRARequest(f"{self.role}@v{self.version}", self.lora_id, str(self.path))
+
+
+def check_adapter_dir(path: Path, max_rank: int) -> None:
+    """Reject what vLLM would reject deep inside its worker, with a message that says why."""
+    config_file = path / "adapter_config.json"
+    if not config_file.is_file() or not (path / "adapter_model.safetensors").is_file():
+        raise AdapterError(f"{path}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise AdapterError(f"{config_file}: unreadable: {err}") from None
+    if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
+        raise AdapterError(f"{path}: only plain LoRA adapters are supported")
+    rank = config.get("r")
+    if not isinstance(rank, int) or not 0 < rank <= max_rank:
+        raise AdapterError(f"{path}: rank {rank!r} is not in 1..{max_rank} (engine max_lora_rank)")
+
+
+class AdapterRegistry:
+    """The current adapter version of every role with an adapter, and the versions being drained."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, LoRAHost] = {}
+        self._current: dict[str, AdapterVersion] = {}
+        self._draining: dict[int, AdapterVersion] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._next_lora_id = 1
+        self._removals: set[asyncio.Task[None]] = set()
+        self._listeners: list[Callable[[AdapterVersion], Awaitable[None] | None]] = []
+
+    def roles(self) -> list[str]:
+        return list(self._current)
+
+    def current(self, role: str) -> AdapterVersion | None:
+        return self._current.get(role)
+
+    def versions(self) -> list[AdapterVersion]:
+        """Live versions, then retired ones still finishing their requests."""
+        return list(self._current.values()) + list(self._draining.values())
+
+    def on_publish(self, listener: Callable[[AdapterVersion], Awaitable[None] | None]) -> None:
+        self._listeners.append(listener)
+
+    async def register(self, role: str, host: LoRAHost, path: Path) -> AdapterVersion:
+        """Load a role's first adapter version."""
+        self._hosts[role] = host
+        self._locks.setdefault(role, asyncio.Lock())
+        return await self.publish(role, path)
+
+    async def publish(self, role: str, path: Path) -> AdapterVersion:
+        """Load ``path`` as the role's next version and switch new requests to it atomically."""
+        host = self._hosts.get(role)
+        if host is None:
+            raise AdapterError(f"role {role!r} has no adapter")
+        path = path.resolve()
+        check_adapter_dir(path, host.max_lora_rank)
+        async with self._locks[role]:
+            old = self._current.get(role)
+            if old is not None and old.path == path:
+                raise AdapterError(f"{path} is already served as {role}@v{old.version}; publish a new folder")
+            new = AdapterVersion(role, (old.version + 1) if old else 1, self._next_lora_id, path)
+            self._next_lora_id += 1
+            try:
+                await host.add_lora(new.lora_request())
+            except Exception as err:  # vLLM raises assorted errors for unloadable weights
+                raise AdapterError(f"{path}: the engine could not load the adapter: {err}") from None
+            self._current[role] = new
+            log.info("adapter %s@v%d is live (lora id %d, %s)", role, new.version, new.lora_id, path)
+            if old is not None:
+                old.is_retired = True
+                self._draining[old.lora_id] = old
+                self._remove_if_drained(old)
+        for listener in self._listeners:
+            result = listener(new)
+            if result is not None:
+                await result
+        return new
+
+    @asynccontextmanager
+    async def acquire(self, role: str) -> AsyncIterator[LoRARequest]:
+        """The role's current version for one request; it stays loaded until the request ends."""
+        version = self._current[role]
+        version.in_flight += 1
+        try:
+            yield version.lora_request()
+        finally:
+            version.in_flight -= 1
+            self._remove_if_drained(version)
+
+    def _remove_if_drained(self, version: AdapterVersion) -> None:
+        if not (version.is_retired and version.in_flight == 0):
+            return
+        task = asyncio.get_running_loop().create_task(self._remove(version))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def _remove(self, version: AdapterVersion) -> None:
+        self._draining.pop(version.lora_id, None)
+        try:
+            await self._hosts[version.role].remove_lora(version.lora_id)
+            log.info("adapter %s@v%d drained and unloaded", version.role, version.version)
+        except Exception as err:  # an engine that is shutting down; nothing left to free
+            log.warning("could not unload adapter %s@v%d: %s", version.role, version.version, err)

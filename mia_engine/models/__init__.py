@@ -1,0 +1,1 @@
+"""Embedded models, built offline on first use into the model cache (``$MIA_HOME``)."""

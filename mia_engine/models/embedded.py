@@ -1,0 +1,53 @@
+"""Resolving ``embedded:<name>`` model and adapter references to folders in the model cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .cache import build_once
+from .smollm2 import build_smollm2
+from .tiny import build_tiny
+
+PREFIX = "embedded:"
+
+# name -> (cache folder, builder). Bump the folder's suffix whenever a builder's output changes.
+BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
+    "tiny": ("tiny-v1", build_tiny),
+    "smollm2": ("smollm2-135m-instruct-v1", build_smollm2),
+}
+
+
+def is_embedded(spec: str) -> bool:
+    return spec.startswith(PREFIX)
+
+
+def embedded_root(spec: str, home: Path) -> Path:
+    """The built folder (``base/`` + ``adapters/``) of an embedded model, building it on first use."""
+    name = spec.removeprefix(PREFIX)
+    if name not in BUILDERS:
+        raise ValueError(f"unknown embedded model {spec!r}; known: {', '.join(PREFIX + n for n in BUILDERS)}")
+    folder, build = BUILDERS[name]
+    return build_once(home / "models" / folder, build)
+
+
+def model_dir(spec: str, home: Path) -> Path:
+    """The Hugging Face folder an engine loads."""
+    if is_embedded(spec):
+        return embedded_root(spec, home) / "base"
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{spec}: not a local model folder (no config.json); nothing is downloaded")
+    return path
+
+
+def adapter_dir(spec: str, engine_model: str, home: Path) -> Path:
+    """The PEFT folder of a role's adapter; ``embedded:<role>`` needs an embedded base model."""
+    if not is_embedded(spec):
+        return Path(spec).expanduser()
+    if not is_embedded(engine_model):
+        raise ValueError(f"adapter {spec!r} needs an embedded base model, not {engine_model!r}")
+    path = embedded_root(engine_model, home) / "adapters" / spec.removeprefix(PREFIX)
+    if not path.is_dir():
+        raise FileNotFoundError(f"adapter {spec!r} is not part of {engine_model!r}")
+    return path

@@ -1,0 +1,80 @@
+"""Writing LoRA adapters in PEFT format, the layout vLLM's ``add_lora`` and ``peft`` both read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+
+def lora_shapes(config: dict, target_modules: list[str]) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of every targeted linear layer of a Llama/Qwen-style decoder."""
+    hidden = config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q_out = config["num_attention_heads"] * head_dim
+    kv_out = config["num_key_value_heads"] * head_dim
+    inter = config["intermediate_size"]
+    per_layer = {
+        "self_attn.q_proj": (q_out, hidden),
+        "self_attn.k_proj": (kv_out, hidden),
+        "self_attn.v_proj": (kv_out, hidden),
+        "self_attn.o_proj": (hidden, q_out),
+        "mlp.gate_proj": (inter, hidden),
+        "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
+    }
+    shapes = {}
+    for layer in range(config["num_hidden_layers"]):
+        for name, shape in per_layer.items():
+            if name.split(".")[-1] in target_modules:
+                shapes[f"model.layers.{layer}.{name}"] = shape
+    return shapes
+
+
+def write_lora_adapter(
+    out_dir: Path,
+    config: dict,
+    *,
+    rank: int,
+    alpha: int,
+    target_modules: list[str],
+    seed: int,
+    b_std: float,
+    base_model_name: str,
+    dtype: torch.dtype = torch.float32,
+) -> None:
+    """Write a PEFT LoRA adapter with seeded A (Kaiming-like) and B ~ N(0, b_std).
+
+    ``b_std = 0`` gives PEFT's default initialisation: the adapter leaves the base model unchanged
+    until it is trained, yet it is a real adapter that vLLM loads and serves from the first request.
+    """
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for module, (out_f, in_f) in lora_shapes(config, target_modules).items():
+        prefix = f"base_model.model.{module}"
+        a = rng.standard_normal((rank, in_f), dtype=np.float32) / np.sqrt(in_f)
+        b = rng.standard_normal((out_f, rank), dtype=np.float32) * b_std
+        tensors[f"{prefix}.lora_A.weight"] = torch.from_numpy(a).to(dtype)
+        tensors[f"{prefix}.lora_B.weight"] = torch.from_numpy(b).to(dtype)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    adapter_config = {
+        "base_model_name_or_path": base_model_name,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": rank,
+        "target_modules": sorted(target_modules),
+        "task_type": "CAUSAL_LM",
+        "use_dora": False,
+        "use_rslora": False,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")

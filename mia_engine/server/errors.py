@@ -1,0 +1,89 @@
+"""OpenAI-style error bodies, shared by every HTTP route.
+
+Every route raises ``APIError`` (or a subclass) for bad input; the app turns it into
+``{"error": {"message", "type", "param", "code"}}`` with the matching status, so a client of the
+official ``openai`` package gets the exception class it expects (BadRequestError, NotFoundError, ...).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.responses import Response
+
+
+class ErrorDetail(msgspec.Struct, omit_defaults=False):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class APIError(Exception):
+    """An error the client caused or must know about; never a 500."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def to_response(self) -> Response:
+        body = ErrorBody(ErrorDetail(self.message, self.type, self.param, self.code))
+        return Response(msgspec.json.encode(body), status_code=self.status, media_type="application/json")
+
+
+class BadRequest(APIError):
+    status = 400
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFound(APIError):
+    status = 404
+    type = "not_found_error"
+
+
+class Conflict(APIError):
+    status = 409
+    type = "conflict_error"
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+
+
+class Unavailable(APIError):
+    status = 503
+    type = "service_unavailable"
+
+
+def validation_param(err: msgspec.ValidationError) -> str | None:
+    """Turn msgspec's ``... - at `$.messages[0].role``` into ``messages[0].role`` for the ``param`` field."""
+    text = str(err)
+    marker = " - at `$"
+    if marker not in text:
+        return None
+    path = text.split(marker, 1)[1].rstrip("`")
+    return path.lstrip(".") or None
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
+    """Decode and validate a JSON request body; any problem becomes a 400 that names the field."""
+    if not body.strip():
+        raise BadRequest("Request body is empty; expected a JSON object.")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as err:
+        raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
+    except msgspec.DecodeError as err:
+        raise BadRequest(f"Malformed JSON body: {err}") from None

@@ -1,0 +1,27 @@
+"""Prometheus metrics of the endpoint, per model id (role), in a registry owned by the app."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("mia_requests", "Chat requests by model and outcome",
+                                ["model", "status"], registry=self.registry)
+        self.prompt_tokens = Counter("mia_prompt_tokens", "Prompt tokens by model", ["model"],
+                                     registry=self.registry)
+        self.completion_tokens = Counter("mia_completion_tokens", "Generated tokens by model", ["model"],
+                                         registry=self.registry)
+        self.latency = Histogram("mia_request_latency_seconds", "End-to-end chat latency by model",
+                                 ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.first_token = Histogram("mia_time_to_first_token_seconds", "Time to first token by model",
+                                     ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.in_flight = Gauge("mia_requests_in_flight", "Chat requests running by model", ["model"],
+                               registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

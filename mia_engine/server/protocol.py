@@ -1,0 +1,136 @@
+"""OpenAI chat-completions request and response bodies, validated and encoded by msgspec.
+
+Unknown request fields are ignored (as vLLM's server does) so that newer clients keep working;
+known fields are type- and range-checked, and a violation names the field in the 400 response.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageURL(msgspec.Struct):
+    url: str
+    detail: str | None = None
+
+
+class ImagePart(msgspec.Struct, tag_field="type", tag="image_url"):
+    image_url: ImageURL
+
+
+ContentPart = TextPart | ImagePart
+
+
+class ChatMessage(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct):
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    n: Annotated[int, Meta(ge=1)] = 1
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class TopLogprobOut(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    content: list[TokenLogprobOut] | None
+
+
+class AssistantMessage(msgspec.Struct):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion.chunk"
+
+
+class ModelObject(msgspec.Struct):
+    id: str
+    owned_by: str
+    root: str
+    created: int
+    adapter_version: int | None = None
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelObject]
+    object: str = "list"

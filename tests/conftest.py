@@ -1,0 +1,108 @@
+"""Session fixtures: one real server (tiny model, real vLLM engine) shared by every test that needs it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerHandle:
+    base_url: str
+    api_key: str
+    process: subprocess.Popen
+    log_path: Path
+    home: Path
+    data_dir: Path
+    health_before_ready: list[httpx.Response] = field(default_factory=list)
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def log_tail(self, num_lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY) -> ServerHandle:
+    """Launch ``python -m mia_engine serve`` exactly as a user would, on 127.0.0.1 and a free port."""
+    port = free_port()
+    home, data = tmp / "home", tmp / "data"
+    log_path = tmp / "server.log"
+    env = {**os.environ, "MIA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--host", "127.0.0.1",
+           "--port", str(port), "--data-dir", str(data), *extra]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return ServerHandle(f"http://127.0.0.1:{port}", api_key, proc, log_path, home, data)
+
+
+def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll /health until 200; keep the answers seen before (503 while the engines start)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            response = httpx.get(f"{server.base_url}/health", timeout=5)
+        except httpx.TransportError:
+            time.sleep(0.5)
+            continue
+        if response.status_code == 200:
+            return
+        server.health_before_ready.append(response)
+        time.sleep(0.5)
+    raise TimeoutError(f"server not ready after {timeout_s} s:\n{server.log_tail()}")
+
+
+def stop_server(server: ServerHandle) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    server = start_server(tmp_path_factory.mktemp("tiny_server"), "tiny")
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def openai_client(tiny_server: ServerHandle):
+    from openai import OpenAI
+
+    return OpenAI(base_url=tiny_server.openai_url, api_key=tiny_server.api_key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def async_openai_client(tiny_server: ServerHandle):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=tiny_server.openai_url, api_key=tiny_server.api_key, max_retries=0, timeout=300)

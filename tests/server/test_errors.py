@@ -1,0 +1,138 @@
+"""Every error case of the endpoint: status code and OpenAI-style error body."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import start_server, stop_server, wait_ready
+
+PROMPT = [{"role": "user", "content": "hello"}]
+
+
+def post(server, body, *, raw: bytes | None = None, key: str | None = "use-server", path="/v1/chat/completions"):
+    headers = {"Content-Type": "application/json"}
+    if key == "use-server":
+        key = server.api_key
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.post(server.base_url + path, json=None if raw is not None else body, content=raw,
+                      headers=headers, timeout=60)
+
+
+def assert_error(response: httpx.Response, status: int, *, param: str | None = None, code: str | None = None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def test_malformed_json_is_400(tiny_server) -> None:
+    error = assert_error(post(tiny_server, None, raw=b'{"model": "planner", "messages": ['), 400)
+    assert "Malformed JSON" in error["message"]
+
+
+def test_empty_body_is_400(tiny_server) -> None:
+    assert_error(post(tiny_server, None, raw=b""), 400)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "planner", "messages": PROMPT, "max_tokens": "many"}, "max_tokens"),
+    ({"model": "planner", "messages": PROMPT, "temperature": 7}, "temperature"),
+    ({"model": "planner", "messages": PROMPT, "n": 0}, "n"),
+    ({"model": "planner", "messages": PROMPT, "n": 1000}, "n"),
+    ({"model": "planner", "messages": []}, "messages"),
+    ({"model": "planner"}, None),
+    ({"model": 5, "messages": PROMPT}, "model"),
+    ({"model": "planner", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": "planner", "messages": [{"role": "user", "content": [{"type": "image_url",
+                                       "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content"),
+    ({"model": "planner", "messages": PROMPT, "top_logprobs": 3}, "top_logprobs"),
+    ([1, 2, 3], None),
+])
+def test_wrong_fields_are_400_naming_the_field(tiny_server, body, param) -> None:
+    error = assert_error(post(tiny_server, body), 400)
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_unknown_model_is_404(tiny_server) -> None:
+    assert_error(post(tiny_server, {"model": "gpt-9", "messages": PROMPT}), 404, param="model",
+                 code="model_not_found")
+    assert_error(httpx.get(f"{tiny_server.openai_url}/models/gpt-9",
+                           headers={"Authorization": f"Bearer {tiny_server.api_key}"}), 404)
+
+
+def test_agent_model_is_404_with_a_clear_message(tiny_server) -> None:
+    error = assert_error(post(tiny_server, {"model": "mia", "messages": PROMPT}), 404, param="model")
+    assert "research agent" in error["message"]
+
+
+def test_unknown_path_is_404_json(tiny_server) -> None:
+    assert_error(post(tiny_server, {}, path="/v1/nothing/here"), 404)
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_missing_or_wrong_key_is_401(tiny_server, key) -> None:
+    assert_error(post(tiny_server, {"model": "planner", "messages": PROMPT}, key=key), 401,
+                 code="invalid_api_key")
+    if key is not None:  # the openai client itself refuses to send no key at all
+        with pytest.raises(openai.AuthenticationError):
+            OpenAI(base_url=tiny_server.openai_url, api_key=key, max_retries=0).models.list()
+
+
+def test_prompt_longer_than_context_is_400(openai_client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(
+            model="planner", messages=[{"role": "user", "content": "river " * 5000}], max_tokens=4)
+    assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        openai_client.chat.completions.create(model="planner", messages=PROMPT, max_tokens=100_000)
+
+
+def test_huge_body_is_413(tiny_server) -> None:
+    raw = b'{"model": "planner", "messages": [{"role": "user", "content": "' + b"a" * (9 * 1024 * 1024) + b'"}]}'
+    assert_error(post(tiny_server, None, raw=raw), 413)
+
+
+def test_server_survives_bad_input(openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(model="planner", messages=PROMPT, max_tokens=4)
+    assert out.choices[0].message.content is not None
+
+
+def test_engine_not_ready_is_503(tmp_path) -> None:
+    """An engine that cannot start leaves the server up, answering 503 with the reason."""
+    server = start_server(tmp_path, "tiny", "--engines.tiny.model=/nonexistent/model")
+    try:
+        for _ in range(240):
+            try:
+                health = httpx.get(f"{server.base_url}/health", timeout=5)
+            except httpx.TransportError:
+                health = None
+            if health is not None and "engine start failed" in health.text:
+                break
+            assert server.process.poll() is None, server.log_tail()
+            import time
+
+            time.sleep(0.5)
+        error = assert_error(health, 503, code="engine_not_ready")
+        assert "nonexistent" in error["message"]
+        assert_error(post(server, {"model": "planner", "messages": PROMPT}), 503, code="engine_not_ready")
+    finally:
+        stop_server(server)
+
+
+def test_parameters_the_engine_refuses_are_400(openai_client: OpenAI) -> None:
+    """vLLM refuses n > 1 with greedy sampling; that is the client's error, not a 500."""
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            openai_client.chat.completions.create(model="executor", messages=PROMPT, max_tokens=4, n=2,
+                                                  temperature=0, stream=stream)
+        assert "greedy" in info.value.body["message"]

@@ -1,0 +1,62 @@
+"""Config loading, overrides and one-line errors that name the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mia_engine.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize("name", ["default", "tiny", "8xgpu"])
+def test_bundled_configs_load(name: str) -> None:
+    config = load_config(name)
+    assert {"planner", "executor", "manager", "judge", "router"} <= set(config.roles)
+    for role in config.roles.values():
+        assert role.alias_of or role.engine in config.engines
+
+
+def test_8xgpu_places_every_engine_on_distinct_gpus() -> None:
+    config = load_config("8xgpu")
+    used = [d for e in config.engines.values() for d in e.devices]
+    assert len(used) == len(set(used)) and max(used) <= 7
+
+
+def test_dotted_overrides_apply() -> None:
+    config = load_config("tiny", {"engines.tiny.max_model_len": 512, "server.port": 9001,
+                                  "roles.planner.sampling.temperature": 0.5})
+    assert config.engines["tiny"].max_model_len == 512
+    assert config.server.port == 9001
+    assert config.roles["planner"].sampling.temperature == 0.5
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"engines.tiny.max_model_len": "long"}, "engines.tiny.max_model_len"),
+    ({"engines.tiny.surprise": 1}, "engines.tiny"),
+    ({"server.port": 70000}, "server.port"),
+    ({"roles.judge.alias_of": "boss"}, "roles.judge.alias_of"),
+    ({"roles.planner.engine": "nowhere"}, "roles.planner.engine"),
+    ({"engines.tiny.max_cpu_loras": 1}, "engines.tiny.max_cpu_loras"),
+    ({"roles.mia.engine": "tiny"}, "mia"),
+    ({"memory.embedder.batch_size": 0}, "memory.embedder"),
+])
+def test_invalid_values_name_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", overrides)
+    assert str(info.value).startswith(field), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--engines.tiny.max_model_len=abc"], "engines.tiny.max_model_len"),
+    (["--no-such-flag"], "unrecognized argument: --no-such-flag"),
+    (["--config", "missing-config"], "--config"),
+])
+def test_cli_errors_are_one_line(args: list[str], expected: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "mia_engine", "serve", "--config", "tiny", *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m mia_engine: error:") and expected in lines[0]
