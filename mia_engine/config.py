@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .agent.config import AgentConfig, ToolsConfig
 from .memory.config import MemoryConfig
 
 RESERVED_MODEL_IDS = frozenset({"mia"})
@@ -46,6 +47,9 @@ class ServerConfig(_Frozen):
     """Log level of the server and of the engine."""
     access_log: bool = False
     """Log one line per HTTP request (costs latency under load)."""
+    keep_alive_s: float = 60.0
+    """Idle keep-alive connections are closed after this; longer than clients' typical pauses, so a
+    pooled connection is rarely closed under a client that is about to reuse it."""
 
 
 class EngineConfig(_Frozen):
@@ -125,6 +129,8 @@ class MIAConfig(_Frozen):
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
     memory: MemoryConfig = MemoryConfig()
+    agent: AgentConfig = AgentConfig()
+    tools: ToolsConfig = ToolsConfig()
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
 

@@ -42,10 +42,11 @@ class ServerHandle:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
-def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY) -> ServerHandle:
+def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY,
+                 data_dir: Path | None = None) -> ServerHandle:
     """Launch ``python -m mia_engine serve`` exactly as a user would, on 127.0.0.1 and a free port."""
     port = free_port()
-    home, data = tmp / "home", tmp / "data"
+    home, data = tmp / "home", data_dir or tmp / "data"
     log_path = tmp / "server.log"
     env = {**os.environ, "MIA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--host", "127.0.0.1",

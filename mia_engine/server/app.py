@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -23,13 +23,20 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import ServerConfig
-from ..engines.protocol import EngineClient
+from ..engines.protocol import EngineClient, ModelCard
+from .agent_api import AgentChat, AgentSource
 from .chat import AGENT_MODEL, ChatService
 from .errors import APIError, NotFound, PayloadTooLarge, Unauthorized, Unavailable
 from .metrics import Metrics
-from .protocol import ModelList, ModelObject
+from .protocol import ChatCompletionRequest, ModelList, ModelObject
 
 log = logging.getLogger(__name__)
+
+
+class Readiness(Protocol):
+    def is_ready(self) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...
 
 
 class ApiKeyMiddleware:
@@ -89,41 +96,66 @@ def build_app(
     config: ServerConfig,
     *,
     start: Callable[[], Awaitable[None]] | None = None,
-    stop: Callable[[], None] | None = None,
+    stop: Callable[[], Awaitable[None]] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
+    components: Sequence[tuple[str, Readiness]] = (),
+    agent: AgentSource | None = None,
 ) -> Starlette:
-    """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down."""
+    """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down.
+
+    ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store."""
     metrics = Metrics()
     chat = ChatService(client, config, metrics)
+    agent_chat = AgentChat(agent, config, metrics) if agent is not None else None
     created = int(time.time())
 
     async def chat_completions(request: Request) -> Response:
-        prepared = await chat.prepare(await read_body(request, config.max_body_bytes))
+        body = chat.decode(await read_body(request, config.max_body_bytes))
+        if body.model == AGENT_MODEL and agent_chat is not None:
+            return await research(request, body)
+        prepared = await chat.prepare(body)
         if prepared.request.stream:
             generation = await chat.open(prepared, stream=True)
             return StreamingResponse(chat.stream(prepared, generation), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await until_disconnect(request, _complete(prepared))
 
+    async def research(request: Request, body: ChatCompletionRequest) -> Response:
+        assert agent_chat is not None
+        research_request = agent_chat.research_request(body)
+        if body.stream:
+            return StreamingResponse(agent_chat.stream(body, research_request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await until_disconnect(request, _research(body, research_request))
+
+    async def _research(body: ChatCompletionRequest, research_request: Any) -> Response:
+        assert agent_chat is not None
+        return Response(await agent_chat.complete(body, research_request), media_type="application/json")
+
     async def _complete(prepared: Any) -> Response:
         generation = await chat.open(prepared, stream=False)
         return Response(await chat.complete(prepared, generation), media_type="application/json")
 
+    def cards() -> list[ModelCard]:
+        agent_card = [ModelCard(AGENT_MODEL, "agent", "mia")] if agent_chat is not None else []
+        return [*client.models(), *agent_card]
+
     async def list_models(request: Request) -> Response:
         return json_response(ModelList([ModelObject(c.id, c.owned_by, c.root, created, c.adapter_version)
-                                        for c in client.models()]))
+                                        for c in cards()]))
 
     async def get_model(request: Request) -> Response:
         model_id = request.path_params["model"]
-        for card in client.models():
+        for card in cards():
             if card.id == model_id:
                 return json_response(ModelObject(card.id, card.owned_by, card.root, created, card.adapter_version))
         hint = " (the research agent is not served by this build yet)" if model_id == AGENT_MODEL else ""
         raise NotFound(f"The model `{model_id}` does not exist{hint}.", param="model", code="model_not_found")
 
     async def health(request: Request) -> Response:
-        if not client.is_ready():
-            raise Unavailable(client.not_ready_reason(), code="engine_not_ready")
+        for code, component in (("engine_not_ready", client), *components):
+            if not component.is_ready():
+                raise Unavailable(component.not_ready_reason(), code=code)
         return json_response({"status": "ok"})
 
     async def prometheus(request: Request) -> Response:
@@ -138,7 +170,7 @@ def build_app(
             if starting and not starting.done():
                 starting.cancel()
             if stop:
-                stop()
+                await stop()
 
     routes = [
         Route("/health", health, methods=["GET"]),

@@ -46,15 +46,17 @@ class ChatService:
         self.metrics = metrics
         self._decoder = msgspec.json.Decoder(ChatCompletionRequest)
 
-    async def prepare(self, body: bytes) -> PreparedChat:
+    def decode(self, body: bytes) -> ChatCompletionRequest:
+        return decode_body(body, self._decoder)
+
+    async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can reject a request, before any engine work starts."""
-        request = decode_body(body, self._decoder)
         self._check_model(request.model)
         if request.n > self.config.max_n:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
-        messages = [_flatten(i, m) for i, m in enumerate(request.messages)]
+        messages = [flatten_message(i, m) for i, m in enumerate(request.messages)]
         try:
             prompt_ids = await self.client.render_chat(request.model, messages)
         except Exception as err:  # chat templates raise on sequences they don't accept
@@ -100,7 +102,7 @@ class ChatService:
         choices = [Choice(d.index, AssistantMessage(content=d.text), d.finish_reason,
                           _choice_logprobs(d.logprobs) if want_logprobs else None)
                    for d in sorted(finals, key=lambda d: d.index)]
-        usage = _usage(chat, sum(d.num_tokens for d in finals))
+        usage = usage_of(chat, sum(d.num_tokens for d in finals))
         return msgspec.json.encode(ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage))
 
     async def stream(self, chat: PreparedChat, generation: Generation) -> AsyncIterator[bytes]:
@@ -110,7 +112,7 @@ class ChatService:
         an ``{"error": ...}`` event, as OpenAI and vLLM do."""
         model, encode = chat.request.model, msgspec.json.encode
         first = [ChunkChoice(i, Delta(role="assistant", content="")) for i in range(chat.options.n)]
-        yield _sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, first)))
+        yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, first)))
         num_tokens = 0
         async with aclosing(generation.rest) as rest:
             try:
@@ -119,13 +121,13 @@ class ChatService:
                         num_tokens += d.num_tokens
                         logprobs = _choice_logprobs(d.logprobs) if d.logprobs is not None else None
                         choice = ChunkChoice(d.index, Delta(content=d.text), d.finish_reason, logprobs)
-                        yield _sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
+                        yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
             except (InvalidGeneration, EngineUnavailable) as err:
                 error = Unavailable(str(err)) if isinstance(err, EngineUnavailable) else BadRequest(str(err))
-                yield _sse(encode(ErrorBody(ErrorDetail(error.message, error.type, None, error.code))))
+                yield sse(encode(ErrorBody(ErrorDetail(error.message, error.type, None, error.code))))
         if chat.request.stream_options and chat.request.stream_options.include_usage:
-            usage = _usage(chat, num_tokens)
-            yield _sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [], usage)))
+            usage = usage_of(chat, num_tokens)
+            yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [], usage)))
         yield b"data: [DONE]\n\n"
 
     async def _generate(self, chat: PreparedChat, *, stream: bool) -> AsyncIterator[list[CompletionDelta]]:
@@ -154,7 +156,7 @@ class ChatService:
             self.metrics.latency.labels(model).observe(time.perf_counter() - start)
 
 
-def _flatten(index: int, message: ChatMessage) -> dict[str, str]:
+def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
     """Text content only: the raw roles are text models (images go to the research agent)."""
     content = message.content
     if content is None:
@@ -188,7 +190,7 @@ def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:
     return ChoiceLogprobs(content)
 
 
-def _usage(chat: PreparedChat, completion_tokens: int) -> Usage:
+def usage_of(chat: PreparedChat, completion_tokens: int) -> Usage:
     prompt = len(chat.prompt_ids)
     return Usage(prompt, completion_tokens, prompt + completion_tokens)
 
@@ -201,5 +203,5 @@ async def _chain(first: list[CompletionDelta], rest: AsyncIterator[list[Completi
         yield deltas
 
 
-def _sse(payload: bytes) -> bytes:
+def sse(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"

@@ -6,7 +6,7 @@ known fields are type- and range-checked, and a violation names the field in the
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -55,6 +55,15 @@ class ChatCompletionRequest(msgspec.Struct):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Research-agent fields (model ``mia``); ignored by the raw roles.
+    ground_truth: str | list[str] | None = None
+    """Acceptable answers: the judge grades against them (supervised)."""
+    rollouts: Annotated[int, Meta(ge=1)] | None = None
+    """G, plans sampled and executed; default: the agent's low-latency setting (1)."""
+    learn: bool = False
+    """Judge, reward and store experience from this question (test-time learning)."""
+    return_trace: bool = False
+    """Include every rollout's turns and observations in the ``mia`` object."""
 
 
 class TopLogprobOut(msgspec.Struct):
@@ -97,13 +106,17 @@ class ChatCompletion(msgspec.Struct):
     created: int
     model: str
     choices: list[Choice]
-    usage: Usage
+    usage: Usage | None
     object: str = "chat.completion"
+    mia: Any = None
+    """The research agent's trace (model ``mia`` only)."""
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    """Progress of the research agent, one line per stage, as reasoning models stream their thinking."""
 
 
 class ChunkChoice(msgspec.Struct):
@@ -120,6 +133,8 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     object: str = "chat.completion.chunk"
+    mia: Any = None
+    """One research-agent stage event (model ``mia`` only)."""
 
 
 class ModelObject(msgspec.Struct):

@@ -70,9 +70,17 @@ def test_unknown_model_is_404(tiny_server) -> None:
                            headers={"Authorization": f"Bearer {tiny_server.api_key}"}), 404)
 
 
-def test_agent_model_is_404_with_a_clear_message(tiny_server) -> None:
-    error = assert_error(post(tiny_server, {"model": "mia", "messages": PROMPT}), 404, param="model")
-    assert "research agent" in error["message"]
+@pytest.mark.parametrize("body, param", [
+    ({"model": "mia", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content"),
+    ({"model": "mia", "messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
+    ({"model": "mia", "messages": [{"role": "system", "content": "no question"}]}, "messages"),
+    ({"model": "mia", "messages": PROMPT, "rollouts": 999}, "rollouts"),
+    ({"model": "mia", "messages": PROMPT, "rollouts": 0}, "rollouts"),
+    ({"model": "mia", "messages": PROMPT, "ground_truth": 5}, "ground_truth"),
+])
+def test_agent_bad_input_is_400(tiny_server, body, param) -> None:
+    assert_error(post(tiny_server, body), 400, param=param)
 
 
 def test_unknown_path_is_404_json(tiny_server) -> None:
@@ -107,9 +115,11 @@ def test_server_survives_bad_input(openai_client: OpenAI) -> None:
     assert out.choices[0].message.content is not None
 
 
-def test_engine_not_ready_is_503(tmp_path) -> None:
-    """An engine that cannot start leaves the server up, answering 503 with the reason."""
-    server = start_server(tmp_path, "tiny", "--engines.tiny.model=/nonexistent/model")
+def test_engine_not_ready_is_503(tmp_path, tiny_server) -> None:
+    """An engine that cannot start, or a memory store another server holds, leaves the server up,
+    answering 503 with the reason."""
+    server = start_server(tmp_path, "tiny", "--engines.tiny.model=/nonexistent/model",
+                          data_dir=tiny_server.data_dir)
     try:
         for _ in range(240):
             try:
@@ -125,6 +135,8 @@ def test_engine_not_ready_is_503(tmp_path) -> None:
         error = assert_error(health, 503, code="engine_not_ready")
         assert "nonexistent" in error["message"]
         assert_error(post(server, {"model": "planner", "messages": PROMPT}), 503, code="engine_not_ready")
+        stats = httpx.get(f"{server.openai_url}/memory/stats", headers={"Authorization": f"Bearer {server.api_key}"})
+        assert "memory store failed to open" in assert_error(stats, 503, code="memory_not_ready")["message"]
     finally:
         stop_server(server)
 

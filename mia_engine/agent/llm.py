@@ -1,0 +1,59 @@
+"""One chat completion through the engine interface, as every role of the loop calls it.
+
+The loop builds ``messages`` and ``SamplingOptions`` with pure functions, then awaits ``complete``;
+nothing here knows about vLLM, so logic around it is tested with a fake client.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import aclosing
+from typing import Protocol
+
+import msgspec
+
+from ..engines.protocol import EngineClient, SamplingOptions
+from .config import RoleSampling
+
+
+class ChatClient(EngineClient, Protocol):
+    """The engine interface plus the completion budget (``RoleClient`` provides both)."""
+
+    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
+        """The completion budget of a request; raises when the prompt leaves no room."""
+        ...
+
+
+def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | None = None,
+                     regex: str | None = None, json_schema: dict | None = None,
+                     temperature: float | None = None) -> SamplingOptions:
+    """A role's configured sampling as per-request options (``temperature`` overrides the config)."""
+    return SamplingOptions(
+        n=n,
+        temperature=sampling.temperature if temperature is None else temperature,
+        max_tokens=sampling.max_tokens,
+        presence_penalty=sampling.presence_penalty or None,
+        stop=list(stop or []),
+        regex=regex,
+        json_schema=json_schema,
+    )
+
+
+async def complete(
+    client: ChatClient, model: str, messages: list[dict[str, str]], options: SamplingOptions,
+    request_id: str | None = None,
+) -> list[str]:
+    """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts."""
+    prompt_ids = await client.render_chat(model, messages)
+    # What is left of the context (raises once the prompt fills it), capped by the role's budget: a
+    # long trajectory near the end of the context still gets its last, shorter turn.
+    room = client.max_tokens_for(model, len(prompt_ids), None)
+    options = msgspec.structs.replace(options, max_tokens=min(options.max_tokens, room) if options.max_tokens else room)
+    texts = [""] * options.n
+    request_id = request_id or f"agent-{uuid.uuid4().hex}"
+    async with aclosing(client.generate(model, prompt_ids, options, request_id, stream=False)) as outputs:
+        async for deltas in outputs:
+            for delta in deltas:
+                if 0 <= delta.index < len(texts):
+                    texts[delta.index] = delta.text  # non-streaming: each delta is a whole completion
+    return texts

@@ -1,0 +1,206 @@
+"""The research loop for one question, as named stages (MIA.md, "One research query" and
+"Test-time learning" steps 1-6):
+
+    retrieve → plan (G samples, one request) → route → execute all G (ReAct + reflect/replan)
+    → judge → reward → consolidate
+
+The low-latency path is the same loop with G = 1, greedy sampling, no judge and no consolidation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+
+from . import judge, prompts
+from .config import AgentConfig
+from .llm import ChatClient, complete, sampling_options
+from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema
+from .rewards import group_advantages, rollout_reward, select_memories
+from .rollout import Emit, RolloutRunner
+from ..memory.entries import Rollout as MemoryRollout
+from ..tools.registry import Tools
+
+NO_ANSWER = "No answer was found."
+
+
+class ResearchRequest(msgspec.Struct, frozen=True):
+    question: str
+    ground_truth: list[str] | None = None
+    """Acceptable answers; with them the judge is supervised."""
+    num_rollouts: int = 1
+    """G: plans sampled and executed (1 = the low-latency path)."""
+    learn: bool = False
+    """Judge (unsupervised without ground truth), reward and consolidate memory."""
+    data_id: str = ""
+    """Key of the question in the image-search cache."""
+
+
+class ResearchResult(msgspec.Struct):
+    answer: str
+    chosen: int
+    """Index of the plan whose answer is returned (the Router's pick)."""
+    rollouts: list[Rollout]
+    memory_ids_used: list[str]
+    new_memory_ids: list[str]
+    timings: dict[str, float]
+    """Seconds per stage."""
+
+
+class ResearchAgent:
+    """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
+
+    def __init__(self, client: ChatClient, memory: Any, tools: Tools, config: AgentConfig) -> None:
+        self.client = client
+        self.memory = memory
+        self.config = config
+        self.runner = RolloutRunner(client, tools, config)
+        self._rng = random.Random(config.seed)
+
+    async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
+        emit = emit or _ignore
+        timings: dict[str, float] = {}
+        clock = _Clock(timings)
+        with clock("retrieve"):
+            memories, used_ids = await self._retrieve(request.question)
+        with clock("plan"):
+            plan_messages, plans = await self._plan(request, memories)
+        emit("plans", {"num_plans": len(plans)})
+        with clock("route"):
+            chosen = await self._route(request.question, plans)
+        emit("plan_chosen", {"index": chosen, "plan": prompts.truncate_words(plans[chosen], 80)})
+        with clock("execute"):
+            runs = await asyncio.gather(*(self.runner.run(request.question, plan_messages, plan, i, emit,
+                                                          request.data_id) for i, plan in enumerate(plans)))
+        rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
+                    for plan, (trajectory, ex, rf) in zip(plans, runs)]
+        new_ids: list[str] = []
+        if request.ground_truth is not None or request.learn:
+            with clock("judge"):
+                rollouts = await self._judge(request, rollouts)
+            rollouts = _with_rewards(rollouts, self.config)
+            emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
+            with clock("consolidate"):
+                new_ids = await self._consolidate(request.question, rollouts, used_ids, rollouts[chosen])
+        answer = rollouts[chosen].trajectory.final_answer
+        return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
+                              new_ids, timings)
+
+    async def _retrieve(self, question: str) -> tuple[str, list[str]]:
+        result = await self.memory.search(question)
+        positives = [(h.entry.question, h.entry.workflow_summary) for h in result.positives]
+        negatives = [(h.entry.question, h.entry.workflow_summary) for h in result.negatives]
+        used = [h.entry.id for h in (*result.positives, *result.negatives)]
+        return prompts.render_memories(positives, negatives), used
+
+    async def _plan(self, request: ResearchRequest, memories: str) -> tuple[list[dict[str, str]], list[str]]:
+        text = prompts.render_plan_prompt(request.question, memories, self.config.planner_max_words)
+        messages = [{"role": "user", "content": text}]
+        num = request.num_rollouts
+        temperature = self.config.planner_rollout_temperature if num > 1 else None
+        options = sampling_options(self.config.planner, n=num, temperature=temperature)
+        plans = await complete(self.client, self.config.roles.planner, messages, options)
+        return messages, [plan.strip() for plan in plans]
+
+    async def _route(self, question: str, plans: list[str]) -> int:
+        """The Router (manager role) picks p* with Meta Plan Memory examples of similar questions."""
+        if len(plans) <= 1:
+            return 0
+        hits = await self.memory.search_meta_plans(question)
+        examples = prompts.render_router_examples(
+            [(h.pair.question, h.pair.successful_plan, h.pair.failed_plan) for h in hits])
+        text = prompts.ROUTER.render(examples=examples, question=question, plans=prompts.render_plans(plans),
+                                     num_plans=len(plans))
+        schema = plan_choice_schema(len(plans)) if self.config.structured_judges else None
+        options = sampling_options(self.config.router, json_schema=schema)
+        try:
+            (choice,) = await complete(self.client, self.config.roles.router, [{"role": "user", "content": text}],
+                                       options)
+        except ValueError:  # a prompt too long for the router: fall back to the first plan
+            return 0
+        return parse_plan_choice(choice, len(plans))
+
+    async def _judge(self, request: ResearchRequest, rollouts: list[Rollout]) -> list[Rollout]:
+        return list(await asyncio.gather(*(self._judge_one(request, r) for r in rollouts)))
+
+    async def _judge_one(self, request: ResearchRequest, rollout: Rollout) -> Rollout:
+        t = rollout.trajectory
+        start = time.perf_counter()
+        if request.ground_truth is not None:
+            verdict = await judge.judge_supervised(self.client, self.config, request.question,
+                                                   request.ground_truth, t.final_answer)
+            first = verdict
+            if t.did_replan and t.first_answer != t.final_answer:
+                first = await judge.judge_supervised(self.client, self.config, request.question,
+                                                     request.ground_truth, t.first_answer)
+        else:
+            trace = prompts.render_trace(request.question, t.turns, t.observations, self.config.trace_max_words)
+            verdict = await judge.judge_unsupervised(self.client, self.config, request.question, trace,
+                                                     t.final_answer)
+            first = verdict
+        timings = msgspec.structs.replace(rollout.timings, judge_s=time.perf_counter() - start)
+        return msgspec.structs.replace(rollout, verdict=verdict, first_verdict=first, timings=timings)
+
+    async def _consolidate(self, question: str, rollouts: list[Rollout], used_ids: list[str],
+                           chosen: Rollout) -> list[str]:
+        """Memory counters of what was retrieved, then the shortest success and one failure, summarised
+        by the Manager, as workflow memories (and a Meta Plan pair when both exist)."""
+        if used_ids and chosen.verdict is not None:
+            await self.memory.record_outcome(used_ids, chosen.verdict.is_correct)
+        positive, negative = select_memories(rollouts, self._rng)
+        selected = [r for r in (positive, negative) if r is not None]
+        if not selected:
+            return []
+        summaries = await asyncio.gather(*(self._summarise(question, r) for r in selected))
+        records = [MemoryRollout(r.plan, summary, r.is_correct, len(r.trajectory.turns),
+                                 _trajectory_text(question, r.trajectory, self.config.trace_max_words))
+                   for r, summary in zip(selected, summaries)]
+        result = await self.memory.consolidate_group(question, records)
+        return [added.id for added in (result.positive, result.negative) if added is not None]
+
+    async def _summarise(self, question: str, rollout: Rollout) -> str:
+        trace = _trajectory_text(question, rollout.trajectory, self.config.trace_max_words)
+        text = prompts.WORKFLOW_SUMMARY.render(max_words=self.config.summary_max_words, question=question,
+                                               outcome="correct" if rollout.is_correct else "incorrect",
+                                               trajectory=trace)
+        try:
+            (summary,) = await complete(self.client, self.config.roles.manager, [{"role": "user", "content": text}],
+                                        sampling_options(self.config.manager))
+        except ValueError:
+            summary = ""
+        return prompts.truncate_words(summary.strip(), self.config.summary_max_words) or rollout.plan[:500] or "-"
+
+
+def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:
+    rewards = [rollout_reward(r, config.rewards) for r in rollouts]
+    advantages = group_advantages(rewards, config.advantage_eps)
+    return [msgspec.structs.replace(r, reward=rw, advantage=adv) for r, rw, adv in zip(rollouts, rewards, advantages)]
+
+
+def _trajectory_text(question: str, trajectory: Trajectory, max_words: int) -> str:
+    return prompts.render_trace(question, trajectory.turns, trajectory.observations, max_words)
+
+
+def _ignore(stage: str, details: dict) -> None:
+    return None
+
+
+class _Clock:
+    """``with clock("stage"):`` adds the stage's wall time to ``timings``."""
+
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start

@@ -1,0 +1,315 @@
+"""Every role's prompt, in one place, as templates with named fields.
+
+Wording follows the reference code's prompts (ECNU-SII/MIA) in structure: the Planner as a
+memory-based planning assistant, the Executor's Think/Act/Observe/Answer workflow with a Qwen
+``<tools>`` block, a SimpleQA-style grader, three reviewers and an Area Chair, and the Manager's
+numbered workflow summary. A template refuses to render with a missing or unexpected field, so a
+renamed field fails loudly in tests instead of leaving ``{plan}`` in a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Iterable, Sequence
+
+from .protocol import ExecutorTurn, Observation, Review
+
+
+class TemplateError(KeyError):
+    """A template was rendered with missing or unknown fields."""
+
+
+class Template:
+    """``str.format`` with its field names declared up front and checked on every render."""
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+        self.fields = frozenset(f for _, f, _, _ in string.Formatter().parse(text) if f)
+
+    def render(self, **values: object) -> str:
+        missing, unknown = self.fields - values.keys(), values.keys() - self.fields
+        if missing or unknown:
+            raise TemplateError(f"prompt {self.name!r}: missing field(s) {sorted(missing)}, "
+                                f"unknown field(s) {sorted(unknown)}; it takes {sorted(self.fields)}")
+        return self.text.format_map(values)
+
+
+# ---- Planner -----------------------------------------------------------------------------------
+
+PLAN = Template("planner.plan", """\
+You are a memory-based planning assistant. A separate agent with a search tool will answer the \
+question below; your job is to write the plan it should follow.
+
+{memories}
+Compare the question with the successful strategies and the failure lessons above: reuse what \
+worked, avoid the patterns that failed. Use the memories in your thinking, but do not mention them \
+in the plan.
+
+Write one clear, step-by-step, generalisable plan of at most {max_words} words. Say what to search \
+for, in what order, and how to check the result. Do not state any facts or guess the answer: the \
+plan must contain no factual claims.
+{caption_block}
+Question: {question}
+""")
+
+CAPTION_BLOCK = Template("planner.caption_block", "\nThe question comes with an image. Image description: {caption}\n")
+
+MEMORY_SECTION = Template("planner.memory_section", "{heading}\n{examples}\n")
+POSITIVE_HEADING = "Positive Examples (Successful Strategies)"
+NEGATIVE_HEADING = "Negative Examples (Failure Lessons)"
+MEMORY_EXAMPLE = Template("planner.memory_example", "Example {index}\nQuestion: {question}\nWorkflow:\n{workflow}\n")
+NO_MEMORIES = "No past experience is available for this question; plan from first principles.\n"
+
+REFLECTION = Template("planner.reflection", """\
+The agent followed your plan. Here is its trajectory:
+
+{trace}
+Decide whether the agent needs a revised plan. Answer "yes" if a step lacks tool support (a claim \
+no search result backs), the reasoning has gaps, or the answer is incomplete or doubtful. Answer \
+"no" if the answer is well supported.
+Reply with exactly one word: yes or no.
+""")
+
+REPLAN = Template("planner.replan", """\
+Write a revised plan of at most {max_words} words for the agent to continue from where it stopped.
+- Find the exact step where the trajectory went wrong and fix it.
+- Recommend only the `search` tool.
+- Do not repeat searches that were already made; propose new, more specific queries.
+- Do not state facts or guess the answer.
+""")
+
+# ---- Executor ------------------------------------------------------------------------------------
+
+EXECUTOR = Template("executor.user", """\
+You are a helpful assistant that can call tools to answer the user's question. Call only one tool \
+at a time and wait for its result before calling another.
+
+# Tools
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+For each function call, return a JSON object with the function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>
+
+# Workflow and Output Format
+Every turn starts at Step 1.
+
+**Step 1: Think.** Analyse the question and everything observed so far, then decide: call a tool \
+if you need more information, or answer if you have enough. Put all of your reasoning inside \
+<think>...</think>.
+**Step 2: Act.** Only if you decided to call a tool: make exactly one call inside \
+<tool_call>...</tool_call>, then stop and wait.
+**Step 3: Observe.** The tool's output comes back inside <tool_response>...</tool_response>; go \
+back to Step 1 with it.
+**Step 4: Answer.** Only if you decided you have enough information: give a short, direct final \
+answer inside <answer>...</answer>.
+
+Here is the question:
+{question}
+""")
+
+GUIDE = Template("executor.guide", "\nHere is a guide for your reference:\n{plan}\nBegin your answer:\n")
+"""The reference's exact words, appended to the Executor's first message."""
+
+REPLAN_CONTINUATION = Template(
+    "executor.replan_continuation",
+    "I have a revised plan for you to follow:\n{replan}\nPlease continue with this updated guidance:\n")
+"""The reference's exact words, sent as a user turn after the Executor's stripped last answer."""
+
+TOOL_RESPONSE = Template("executor.tool_response", "<tool_response>\n{text}\n</tool_response>")
+
+# ---- Router --------------------------------------------------------------------------------------
+
+ROUTER = Template("router", """\
+You choose the best plan for a research agent that answers questions with a search tool.
+
+{examples}
+Question: {question}
+
+Candidate plans:
+{plans}
+Which plan is most likely to lead the agent to a correct, well-supported answer? Prefer plans that \
+resemble the successful plans above and avoid the mistakes of the failed ones.
+Reply with JSON only: {{"plan": <a number from 1 to {num_plans}>}}
+""")
+
+ROUTER_EXAMPLE = Template("router.example", """\
+Past question: {question}
+A plan that succeeded:
+{successful_plan}
+A plan that failed:
+{failed_plan}
+""")
+NO_ROUTER_EXAMPLES = "No similar past questions are available.\n"
+
+# ---- Judges --------------------------------------------------------------------------------------
+
+GRADER = Template("judge.grader", """\
+Your job is to grade a predicted answer against a gold target. Grade it as one of:
+A: CORRECT - the prediction contains the gold target's meaning without contradicting it; \
+differences in wording, capitalisation, punctuation or extra correct detail do not matter; a \
+number counts if it matches to the precision of the gold target.
+B: INCORRECT - the prediction contradicts the gold target, states a different answer, or hedges \
+between several candidates one of which is wrong.
+C: NOT_ATTEMPTED - the prediction does not give the answer (e.g. "I don't know", a refusal, or \
+only a partial step) and contradicts nothing.
+The gold target may list several acceptable answers separated by " | "; matching any one is enough.
+
+Question: {question}
+Gold target: {gold}
+Predicted answer: {prediction}
+
+Grade the predicted answer as A, B or C. Reply with the letter only.
+""")
+
+_REVIEW_FORMAT = """
+Give a score from 1 (fatally flawed) to 10 (flawless) and a reason of at most {max_words} words \
+that quotes the evidence you rely on. Reply with JSON only:
+{{"score": <1-10>, "reason": "<at most {max_words} words>"}}
+"""
+
+REVIEW_LOGIC = Template("judge.review_logic", """\
+You are a reviewer of a research agent's work: Reasoning & Logical Consistency.
+Check whether the final answer follows from the evidence gathered in the trajectory: are there \
+leaps, contradictions, or steps that assume what they should establish?
+
+Question: {question}
+Trajectory:
+{trajectory}
+Final answer: {prediction}
+""" + _REVIEW_FORMAT)
+
+REVIEW_SOURCING = Template("judge.review_sourcing", """\
+You are a reviewer of a research agent's work: Information Sourcing & Credibility.
+Check every fact the answer depends on against the tool results in the trajectory: was a source \
+misread, or is a fact hallucinated (stated without any tool result supporting it)?
+
+Question: {question}
+Trajectory:
+{trajectory}
+Final answer: {prediction}
+""" + _REVIEW_FORMAT)
+
+REVIEW_VALIDITY = Template("judge.review_validity", """\
+You are a reviewer of a research agent's work: Result Validity.
+Check whether the answer actually completes the task: does it answer exactly what was asked, \
+in the requested form, without evading or answering a different question?
+
+Question: {question}
+Final answer: {prediction}
+""" + _REVIEW_FORMAT)
+
+AREA_CHAIR = Template("judge.area_chair", """\
+You are the Area Chair deciding whether a research agent's answer is correct. Three reviewers \
+assessed it; weigh them as Reasoning & Logical Consistency {w_logic}, Information Sourcing & \
+Credibility {w_sourcing}, Result Validity {w_validity}.
+Do not average the scores. A fatal flaw (a hallucinated or misread fact the answer depends on, or \
+an answer to a different question) makes the answer incorrect even if other reviews are good; \
+minor flaws in presentation do not.
+
+Question: {question}
+Final answer: {prediction}
+
+Reviews:
+{reviews}
+Decide A (correct) or B (incorrect). Reply with JSON only:
+{{"reason": "<one or two sentences>", "decision": "A" or "B"}}
+""")
+
+# ---- Manager -------------------------------------------------------------------------------------
+
+WORKFLOW_SUMMARY = Template("manager.workflow_summary", """\
+Summarise the research agent's trajectory below as a reusable workflow for similar questions.
+Write numbered steps, one line each, in the form:
+1. **action purpose** (input → output)
+Keep the steps general (what was searched for and why, how results were checked), include the \
+decisive step, and note the mistake if the outcome was incorrect. At most {max_words} words; no \
+preamble.
+
+Question: {question}
+Outcome: {outcome}
+Trajectory:
+{trajectory}
+""")
+
+TEMPLATES: tuple[Template, ...] = (
+    PLAN, CAPTION_BLOCK, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
+    REPLAN_CONTINUATION, TOOL_RESPONSE, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
+    REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
+)
+"""All templates (tests render each with its declared fields)."""
+
+# ---- renderers -----------------------------------------------------------------------------------
+
+
+def render_memories(positives: Sequence[tuple[str, str]], negatives: Sequence[tuple[str, str]]) -> str:
+    """The planner's memory block from (question, workflow summary) pairs, positives first."""
+    sections = [_memory_section(POSITIVE_HEADING, positives), _memory_section(NEGATIVE_HEADING, negatives)]
+    text = "".join(section for section in sections if section)
+    return text or NO_MEMORIES
+
+
+def _memory_section(heading: str, examples: Sequence[tuple[str, str]]) -> str:
+    if not examples:
+        return ""
+    body = "\n".join(MEMORY_EXAMPLE.render(index=i, question=q, workflow=w.strip())
+                     for i, (q, w) in enumerate(examples, 1))
+    return MEMORY_SECTION.render(heading=heading, examples=body)
+
+
+def render_plan_prompt(question: str, memories: str, max_words: int, caption: str | None = None) -> str:
+    caption_block = CAPTION_BLOCK.render(caption=caption) if caption else ""
+    return PLAN.render(question=question, memories=memories, max_words=max_words, caption_block=caption_block)
+
+
+def render_executor_prompt(tool_schemas: Iterable[dict], question: str, plan: str | None) -> str:
+    """The Executor's single user message: tools, workflow, question and (with a plan) the guide."""
+    tools = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas)
+    guide = GUIDE.render(plan=plan) if plan else ""
+    return EXECUTOR.render(tools=tools, question=question) + guide
+
+
+def truncate_words(text: str, max_words: int, marker: str = " ... (truncated)") -> str:
+    """The first ``max_words`` whitespace-separated words, keeping the original line breaks."""
+    for count, word in enumerate(re.finditer(r"\S+", text), 1):
+        if count == max_words + 1:
+            return text[: word.start()].rstrip() + marker
+    return text
+
+
+def render_trace(question: str, turns: Sequence[ExecutorTurn], observations: Sequence[Observation | None],
+                 max_words: int) -> str:
+    """The reference's ``### Round j`` trace the Planner reflects on (tool results cut to ``max_words``)."""
+    lines = [f"### Question: {question}"]
+    for j, turn in enumerate(turns, 1):
+        lines.append(f"### Round {j}:\n#### Agent Reasoning and Tool Call:\n{turn.text}")
+        observation = observations[j - 1] if j - 1 < len(observations) else None
+        if observation is not None:
+            lines.append(f"#### Tool Call Return Results:\n{truncate_words(observation.text, max_words)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_plans(plans: Sequence[str]) -> str:
+    return "\n".join(f"Plan {i}:\n{plan.strip()}\n" for i, plan in enumerate(plans, 1))
+
+
+def render_router_examples(pairs: Sequence[tuple[str, str, str]]) -> str:
+    """(question, successful plan, failed plan) contrastive pairs of similar past questions."""
+    if not pairs:
+        return NO_ROUTER_EXAMPLES
+    return "\n".join(ROUTER_EXAMPLE.render(question=q, successful_plan=s, failed_plan=f) for q, s, f in pairs)
+
+
+def render_reviews(reviews: Sequence[Review]) -> str:
+    titles = {"logic": "Reasoning & Logical Consistency", "sourcing": "Information Sourcing & Credibility",
+              "validity": "Result Validity"}
+    return "\n".join(
+        f"- {titles[r.kind]}: " + json.dumps({"score": r.score, "reason": r.reason}, ensure_ascii=False)
+        for r in reviews)

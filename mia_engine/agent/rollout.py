@@ -1,0 +1,152 @@
+"""One rollout: the Executor's ReAct loop under a plan, then the Planner's reflection and at most one
+replan, after which the Executor continues from its own trajectory (MIA.md, "One research query").
+
+Every generation goes straight to the engine (no HTTP inside the process); tool calls of all
+concurrent rollouts meet in the tools' micro-batcher, so G rollouts of many questions cost one
+encoder forward and one FAISS search per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import prompts
+from .config import AgentConfig
+from ..engines.protocol import SamplingOptions
+from .llm import ChatClient, complete, sampling_options
+from .protocol import (ExecutorTurn, Observation, Trajectory, answer_or_text, executor_turn_regex,
+                       parse_executor_turn, parse_yes_no)
+from ..tools.registry import ToolContext, Tools
+
+Messages = list[dict[str, str]]
+Emit = Callable[[str, dict], None]
+"""Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
+
+YES_NO_REGEX = "yes|no"
+
+
+@dataclass
+class _Run:
+    """A trajectory being built: the Executor's conversation and its parsed turns."""
+
+    messages: Messages
+    turns: list[ExecutorTurn] = field(default_factory=list)
+    observations: list[Observation | None] = field(default_factory=list)
+    num_tool_calls: int = 0
+    num_successful_tool_calls: int = 0
+
+    def last_answer(self) -> str | None:
+        return answer_or_text(self.turns[-1]) if self.turns and self.turns[-1].tool_call is None else None
+
+
+class RolloutRunner:
+    """Runs rollouts for one engine client, tool set and agent config (shared by all questions)."""
+
+    def __init__(self, client: ChatClient, tools: Tools, config: AgentConfig) -> None:
+        self.client = client
+        self.tools = tools
+        self.config = config
+        limits = config.regex
+        self._turn_regexes = {allow: executor_turn_regex(
+            tools.names(), max_think_chars=limits.max_think_chars, max_answer_chars=limits.max_answer_chars,
+            max_query_chars=limits.max_query_chars, max_queries=limits.max_queries, allow_answer=allow)
+            for allow in (True, False)}
+
+    async def run(self, question: str, plan_messages: Messages, plan: str, index: int, emit: Emit,
+                  data_id: str = "") -> tuple[Trajectory, float, float]:
+        """(trajectory, executor seconds, reflection seconds) of one plan."""
+        context = ToolContext(data_id)
+        executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan)
+        run = _Run([{"role": "user", "content": executor_prompt}])
+        start = time.perf_counter()
+        await self._react(run, context, index, emit, self.config.max_turns)
+        first_answer = run.last_answer()
+        execute_s = time.perf_counter() - start
+        reflection, replan, replan_turn, reflect_s = "", "", -1, 0.0
+        if self.config.max_replans > 0:
+            reflect_start = time.perf_counter()
+            reflection, replan = await self._reflect(question, plan_messages, plan, run, index, emit)
+            reflect_s = time.perf_counter() - reflect_start
+        if replan:
+            replan_turn = len(run.turns)
+            _continue_with(run, replan)
+            more_start = time.perf_counter()
+            await self._react(run, context, index, emit, max(1, self.config.max_turns - len(run.turns)))
+            execute_s += time.perf_counter() - more_start
+        final_answer = run.last_answer() if replan else first_answer
+        trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
+                                bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls)
+        emit("answer", {"rollout": index, "answer": final_answer})
+        return trajectory, execute_s, reflect_s
+
+    async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
+        """Think → tool call or answer, until an answer, a turn without a call, or the turn cap."""
+        for _ in range(max_turns):
+            options = self._turn_options(run)
+            try:
+                (text,) = await complete(self.client, self.config.roles.executor, run.messages, options)
+            except ValueError as err:  # the context is full: the trajectory ends here
+                emit("context_full", {"rollout": index, "detail": str(err)})
+                return
+            turn = parse_executor_turn(text)
+            run.turns.append(turn)
+            run.messages.append({"role": "assistant", "content": turn.text})
+            observation = await self._observe(run, turn, context, index, emit)
+            run.observations.append(observation)
+            if observation is None:
+                return
+            run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
+
+    def _turn_options(self, run: _Run) -> SamplingOptions:
+        regex = None
+        if self.config.structured_executor:
+            regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
+        return sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)
+
+    async def _observe(self, run: _Run, turn: ExecutorTurn, context: ToolContext, index: int,
+                       emit: Emit) -> Observation | None:
+        """The tool result that follows a turn; None when the turn ends the loop."""
+        if turn.tool_call is None:
+            if turn.tool_call_error is None:
+                return None
+            return Observation(f"Error: {turn.tool_call_error}", False)
+        emit("tool_call", {"rollout": index, "name": turn.tool_call.name, "arguments": turn.tool_call.arguments})
+        observation = await self.tools.call(turn.tool_call, context, max_words=self.config.tool_response_max_words)
+        run.num_tool_calls += 1
+        run.num_successful_tool_calls += int(observation.is_success)
+        emit("observation", {"rollout": index, "is_success": observation.is_success,
+                             "text": prompts.truncate_words(observation.text, 60)})
+        return observation
+
+    async def _reflect(self, question: str, plan_messages: Messages, plan: str, run: _Run, index: int,
+                       emit: Emit) -> tuple[str, str]:
+        """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once."""
+        trace = prompts.render_trace(question, run.turns, run.observations, self.config.trace_max_words)
+        messages = [*plan_messages, {"role": "assistant", "content": plan},
+                    {"role": "user", "content": prompts.REFLECTION.render(trace=trace)}]
+        regex = YES_NO_REGEX if self.config.structured_judges else None
+        options = sampling_options(self.config.planner, regex=regex)
+        try:
+            (decision,) = await complete(self.client, self.config.roles.planner, messages, options)
+        except ValueError:
+            return "", ""
+        if not parse_yes_no(decision):
+            return decision, ""
+        messages += [{"role": "assistant", "content": decision},
+                     {"role": "user", "content": prompts.REPLAN.render(max_words=self.config.replan_max_words)}]
+        try:
+            (replan,) = await complete(self.client, self.config.roles.planner, messages,
+                                       sampling_options(self.config.planner))
+        except ValueError:
+            return decision, ""
+        emit("replan", {"rollout": index, "replan": prompts.truncate_words(replan, 80)})
+        return decision, replan.strip() or ""
+
+
+def _continue_with(run: _Run, replan: str) -> None:
+    """Strip the Executor's last answer turn and hand it the revised plan (the reference's words)."""
+    if run.turns and run.turns[-1].tool_call is None and run.messages[-1]["role"] == "assistant":
+        run.messages.pop()
+    run.messages.append({"role": "user", "content": prompts.REPLAN_CONTINUATION.render(replan=replan)})

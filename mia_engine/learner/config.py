@@ -1,0 +1,90 @@
+"""Configuration of the test-time learner (one frozen struct, ``[learner]`` in the root config).
+
+The defaults are the paper's test-time update (MIA algorithm 3, step 7): GRPO with the clipped ratio
+objective, token-level mean over the Planner's own tokens, no KL term, lr 1e-6, one epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+Aggregation = Literal["grpo", "dapo"]
+LearnerDtype = Literal["float32", "bfloat16", "float16"]
+
+
+def _require(condition: bool, message: str) -> None:
+    """Validation in one place: msgspec turns this ValueError into a ValidationError when decoding."""
+    if not condition:
+        raise ValueError(message)
+
+
+class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How the Planner's LoRA adapter is updated between batches of judged rollouts."""
+
+    device: str = "cpu"
+    """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
+    give it a GPU of its own so training never slows the serving engines."""
+    dtype: LearnerDtype = "float32"
+    """Dtype of the base weights in the learner; LoRA weights stay float32 (PEFT upcasts them)."""
+    lr: float = 1e-6
+    """AdamW learning rate (paper: 1e-6)."""
+    clip_eps: float = 0.2
+    """PPO clip range ε: the ratio is clipped to [1 − ε, 1 + ε_high]."""
+    clip_eps_high: float | None = None
+    """Upper clip range ε_high (DAPO's "clip higher"); None = ``clip_eps``."""
+    kl_beta: float = 0.0
+    """Weight of the k3 KL estimate to the reference policy = the same model with the adapter disabled
+    (paper: 0, which also skips the reference forward pass)."""
+    aggregation: Aggregation = "grpo"
+    """"grpo": mean over sequences of each sequence's token mean (paper Eq. 3); "dapo": sum over all active
+    tokens / number of active tokens (long completions weigh more)."""
+    temperature: float = 1.0
+    """Logits are divided by it before the log-softmax; must be the Planner's sampling temperature, or
+    the log-probs are those of a different policy than the one that sampled."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 = no clipping (the norm is still measured and checked)."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward pass; gradients are accumulated and scaled so the result equals the
+    full-batch gradient. Lower it when the learner runs out of memory."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay of the LoRA weights."""
+    num_epochs: int = 1
+    """Optimizer steps over the same batch (paper: 1). Beyond the first, the ratio to the sampling policy
+    moves away from 1 and clipping matters."""
+    advantage_eps: float = 1e-6
+    """ε in the group advantage (R − mean) / (std + ε)."""
+    publish_dir: str = ""
+    """Where adapter versions are written for vLLM to load; empty = ``/dev/shm/mia_engine`` when /dev/shm
+    is writable (tmpfs: no disk write on the update path), else a folder in the system temp dir."""
+    num_checkpoints_kept: int = 3
+    """Durable copies of published versions kept for rollback (the latest good one is never pruned)."""
+    seed: int = 0
+    """Seed of torch's RNG, set when the learner is built (the step itself uses no randomness)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.device.strip()), "learner.device must not be empty")
+        _require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
+        _require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
+        _require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,
+                 f"learner.clip_eps_high must be > 0 (or unset), got {self.clip_eps_high}")
+        _require(math.isfinite(self.kl_beta) and self.kl_beta >= 0, f"learner.kl_beta must be >= 0, got {self.kl_beta}")
+        _require(math.isfinite(self.temperature) and self.temperature > 0,
+                 f"learner.temperature must be > 0, got {self.temperature}")
+        _require(math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
+                 f"learner.max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}")
+        _require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+                 f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
+        _require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
+                 f"learner.advantage_eps must be > 0, got {self.advantage_eps}")
+        _require(self.num_checkpoints_kept >= 1,
+                 f"learner.num_checkpoints_kept must be >= 1, got {self.num_checkpoints_kept}")
+
+    @property
+    def clip_high(self) -> float:
+        """The effective upper clip range ε_high."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high

@@ -1,0 +1,472 @@
+"""The Planner's test-time learner: a PEFT copy of the Planner that takes GRPO steps on judged rollouts.
+
+One ``step`` per batch (MIA algorithm 3, step 7): group advantages → padded micro-batches → clipped
+surrogate loss → accumulated gradients → clipped AdamW step on the LoRA weights only. A step that would
+make the policy non-finite is rejected and leaves the weights bit-identical, so one poisoned batch can
+never reach the serving engine. ``save_adapter`` writes the weights in the PEFT layout vLLM loads.
+
+Synchronous and not thread-safe: the server runs ``step`` in an executor, one call at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import LearnerConfig
+from .grpo import grpo_loss, group_advantages, sequence_token_logprobs
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_TOKEN_STATS = ("clip_fraction", "ratio_mean", "kl")
+_LORA_PARAM = re.compile(r"\.(lora_[AB])\.default\.weight$")
+
+
+class GRPOSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One rollout of the Planner as the learner sees it: token ids, which tokens it wrote, its reward."""
+
+    prompt_ids: list[int]
+    """The Planner's prompt (question, retrieved memories, ...); never trained on. Must not be empty."""
+    completion_ids: list[int]
+    """Everything after the prompt, in order."""
+    completion_mask: list[int] | None = None
+    """1 = a token the Planner sampled (plan, reflection, replan), 0 = anything else spliced in (executor
+    text, tool output, memories). None = every completion token is the Planner's."""
+    reward: float
+    """The rollout's reward (MIA Eq. 4)."""
+    old_logprobs: list[float] | None = None
+    """Per completion token, the log-prob under the sampling policy (vLLM) for importance correction;
+    None = the learner's own detached log-probs (ratio 1, the on-policy case)."""
+    group_id: str
+    """Rollouts of the same question share it; advantages are computed within a group."""
+
+
+class StepResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one ``step`` did; ``is_accepted`` False means the adapter is exactly as before."""
+
+    is_accepted: bool
+    reason: str
+    """Why the step was rejected (or skipped); empty when accepted."""
+    loss: float
+    """Full-batch loss of the first epoch (before any update in this step)."""
+    grad_norm: float
+    """Global gradient norm of the first epoch, before clipping."""
+    num_sequences: int
+    """Sequences that contributed (groups with a reward spread, at least one Planner token)."""
+    num_tokens: int
+    """Planner tokens that contributed."""
+    reward_mean: float
+    reward_std: float
+    clip_fraction: float
+    """Share of contributing tokens whose clipped term was the minimum (no gradient), first epoch."""
+    ratio_mean: float
+    kl: float
+    """Mean k3 KL to the adapter-free model (0 unless ``kl_beta`` > 0)."""
+    num_skipped_groups: int
+    """Groups whose rewards were all equal (zero advantage)."""
+    step_seconds: float
+    version: int
+    """The learner's version after the step; incremented on each accepted step, never decremented."""
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    """A prepared sample: the full token list and where its loss lives."""
+
+    token_ids: list[int]
+    prompt_len: int
+    mask: list[float]
+    old_logprobs: list[float] | None
+    advantage: float
+
+
+@dataclass
+class _MicroBatch:
+    """Padded tensors of one forward pass; right padding, loss positions shifted by one."""
+
+    input_ids: torch.Tensor  # (b, T)
+    attention_mask: torch.Tensor  # (b, T)
+    loss_mask: torch.Tensor  # (b, T-1), float
+    old_logp: torch.Tensor  # (b, T-1), float32; valid where has_old
+    has_old: torch.Tensor  # (b,) bool
+    advantages: torch.Tensor  # (b,)
+    start: int  # first position whose logits are needed (min prompt length − 1)
+
+
+@dataclass
+class _Pass:
+    """Totals of one accumulation pass over all micro-batches."""
+
+    loss: float = 0.0
+    num_tokens: int = 0
+    token_stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_TOKEN_STATS, 0.0))
+    failure: str = ""
+
+    def add(self, loss: float, num_tokens: int, stats: dict[str, float]) -> None:
+        self.loss += loss
+        self.num_tokens += num_tokens
+        for name in self.token_stats:
+            self.token_stats[name] += stats[name] * num_tokens
+
+    def mean(self, name: str) -> float:
+        return self.token_stats[name] / max(self.num_tokens, 1)
+
+
+class PlannerLearner:
+    """The Planner's base model with its LoRA adapter, trainable, plus an AdamW over the LoRA weights."""
+
+    def __init__(self, base_dir: Path, adapter_dir: Path, config: LearnerConfig = LearnerConfig()) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = _load_peft_model(Path(base_dir), Path(adapter_dir), config)
+        self._adapter_config_text = (Path(adapter_dir) / ADAPTER_CONFIG).read_text()
+        self._params = _lora_parameters(self.model)
+        self._optimizer = self._new_optimizer()
+        self._pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self._vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.version = 0
+
+    # ----- public API -------------------------------------------------------------------------------
+
+    def step(self, samples: list[GRPOSample]) -> StepResult:
+        """One GRPO update from a batch of judged rollouts; rejected (weights untouched) if non-finite.
+
+        Raises ValueError for malformed samples (misaligned masks or log-probs, unknown token ids)."""
+        started = time.perf_counter()
+        self._check_samples(samples)
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)  # (N,)
+        summary = _Summary(rewards, started)
+        if not bool(torch.isfinite(rewards).all()):
+            return summary.rejected("non-finite reward in the batch", self.version)
+        sequences, num_skipped = _prepare(samples, self.config.advantage_eps)
+        summary.num_skipped_groups, summary.num_sequences = num_skipped, len(sequences)
+        if not sequences:
+            return summary.rejected("no learning signal: every group's rewards are equal", self.version)
+        return self._train(sequences, summary)
+
+    def gradients(self, samples: list[GRPOSample]) -> dict[str, torch.Tensor]:
+        """The full-batch loss gradient per LoRA weight (PEFT key names), without an update.
+
+        For tests and diagnostics: it runs exactly the accumulation ``step`` runs."""
+        self._check_samples(samples)
+        sequences, _ = _prepare(samples, self.config.advantage_eps)
+        self._optimizer.zero_grad(set_to_none=True)
+        if sequences:
+            normalizer = _normalizer(sequences, self.config.aggregation)
+            self._accumulate(self._micro_batches(sequences), normalizer, first_epoch=True)
+        grads = {key: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                 for key, p in self._params.items()}
+        self._optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def save_adapter(self, out_dir: Path) -> Path:
+        """Write the current LoRA weights as a PEFT folder, atomically (temp folder + rename).
+
+        ``out_dir`` must not exist: vLLM caches adapters by path, so every version needs a new one."""
+        out_dir = Path(out_dir)
+        if out_dir.exists():
+            raise FileExistsError(f"{out_dir} exists; publish every adapter version to a new folder")
+        tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
+        tmp.mkdir(parents=True)
+        try:
+            tensors = {key: p.detach().to("cpu", copy=True).contiguous() for key, p in self._params.items()}
+            save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            (tmp / ADAPTER_CONFIG).write_text(self._adapter_config_text)
+            _fsync_files(tmp)
+            os.rename(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out_dir
+
+    def load_adapter_weights(self, adapter_dir: Path) -> None:
+        """Reset the LoRA weights to a saved version and forget the optimizer state (rollback).
+
+        The version counter is not changed: it counts accepted steps and stays monotonic."""
+        tensors = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
+        missing, unexpected = self._params.keys() - tensors.keys(), tensors.keys() - self._params.keys()
+        if missing or unexpected:
+            raise ValueError(f"{adapter_dir}: adapter keys differ from the learner's: "
+                             f"missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+        for key, param in self._params.items():
+            if tensors[key].shape != param.shape:
+                raise ValueError(f"{adapter_dir}: {key} has shape {tuple(tensors[key].shape)}, "
+                                 f"expected {tuple(param.shape)}")
+            if not bool(torch.isfinite(tensors[key]).all()):
+                raise ValueError(f"{adapter_dir}: {key} holds non-finite values")
+        with torch.no_grad():
+            for key, param in self._params.items():
+                param.copy_(tensors[key])
+        self._optimizer = self._new_optimizer()
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        """Copies of the LoRA weights keyed as in the PEFT file (for tests and checksums)."""
+        return {key: p.detach().clone() for key, p in self._params.items()}
+
+    # ----- training ---------------------------------------------------------------------------------
+
+    def _train(self, sequences: list[_Sequence], summary: _Summary) -> StepResult:
+        """Run the epochs as one transaction: any failure or exception restores the weights exactly."""
+        snapshot = self._snapshot()
+        try:
+            failure = self._run_epochs(sequences, summary)
+        except BaseException:
+            self._restore(snapshot)
+            raise
+        if failure:
+            self._restore(snapshot)
+            return summary.rejected(failure, self.version)
+        self.version += 1
+        return summary.accepted(self.version)
+
+    def _run_epochs(self, sequences: list[_Sequence], summary: _Summary) -> str:
+        """The configured number of updates on one batch; the first failure's reason, or ""."""
+        batches = self._micro_batches(sequences)
+        normalizer = _normalizer(sequences, self.config.aggregation)
+        for epoch in range(self.config.num_epochs):
+            failure, totals, grad_norm = self._epoch(batches, normalizer, first_epoch=epoch == 0)
+            if epoch == 0:
+                summary.record(totals, grad_norm)
+            if failure:
+                return failure
+        return ""
+
+    def _epoch(self, batches: list[_MicroBatch], normalizer: float, *,
+               first_epoch: bool) -> tuple[str, _Pass, float]:
+        """Accumulate, check, clip, update: (failure reason or "", totals, grad norm before clipping)."""
+        self._optimizer.zero_grad(set_to_none=True)
+        totals = self._accumulate(batches, normalizer, first_epoch=first_epoch)
+        if totals.failure:
+            return totals.failure, totals, math.nan
+        grad_norm = self._clip_gradients()
+        if not math.isfinite(grad_norm):
+            return f"non-finite gradient (norm {grad_norm})", totals, grad_norm
+        return self._apply_update(), totals, grad_norm
+
+    def _accumulate(self, batches: list[_MicroBatch], normalizer: float, *, first_epoch: bool) -> _Pass:
+        """Backward of every micro-batch, each divided by the full batch's normalizer so grads add up."""
+        totals = _Pass()
+        for batch in batches:
+            loss, stats = self._micro_batch_loss(batch, normalizer, first_epoch=first_epoch)
+            if not bool(torch.isfinite(loss)):
+                totals.loss += float(loss)
+                totals.failure = f"non-finite loss ({float(loss)})"
+                return totals
+            loss.backward()
+            totals.add(loss.item(), int(batch.loss_mask[:, batch.start:].sum()), stats)
+        return totals
+
+    def _micro_batch_loss(self, batch: _MicroBatch, normalizer: float, *,
+                          first_epoch: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        logp = self._token_logprobs(batch)  # (b, K-1)
+        mask = batch.loss_mask[:, batch.start:]  # (b, K-1)
+        if first_epoch:  # later epochs keep the pre-update log-probs as the old policy
+            own = ~batch.has_old.unsqueeze(1)  # (b, 1)
+            batch.old_logp[:, batch.start:] = torch.where(own, logp.detach(), batch.old_logp[:, batch.start:])
+        ref_logp = self._reference_logprobs(batch) if self.config.kl_beta > 0 else None
+        return grpo_loss(logp, batch.old_logp[:, batch.start:], batch.advantages, mask,
+                         clip_eps=self.config.clip_eps, clip_eps_high=self.config.clip_eps_high,
+                         aggregation=self.config.aggregation, ref_logp=ref_logp, kl_beta=self.config.kl_beta,
+                         normalizer=normalizer)
+
+    def _token_logprobs(self, batch: _MicroBatch) -> torch.Tensor:
+        """(b, K-1) log-probs of tokens start+1..T-1; logits only for the K = T − start positions needed."""
+        num_kept = batch.input_ids.shape[1] - batch.start
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            logits_to_keep=num_kept, use_cache=False).logits  # (b, K, V)
+        return sequence_token_logprobs(logits, batch.input_ids[:, batch.start:], self.config.temperature)
+
+    def _reference_logprobs(self, batch: _MicroBatch) -> torch.Tensor:
+        """The KL reference: the same model with the adapter disabled."""
+        with torch.no_grad(), self.model.disable_adapter():
+            return self._token_logprobs(batch)
+
+    def _clip_gradients(self) -> float:
+        """The global grad norm before clipping; grads are clipped in place when configured (and finite)."""
+        max_norm = self.config.max_grad_norm or math.inf
+        return float(torch.nn.utils.clip_grad_norm_(list(self._params.values()), max_norm))
+
+    def _apply_update(self) -> str:
+        """The optimizer step; a non-empty reason when it failed or made any weight non-finite."""
+        try:
+            self._optimizer.step()
+        except RuntimeError as err:  # e.g. an lr so large the step size overflows float32
+            return f"optimizer step failed: {err}"
+        self._optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            is_finite = all(bool(torch.isfinite(p).all()) for p in self._params.values())
+        return "" if is_finite else "non-finite LoRA weights after the optimizer step"
+
+    # ----- state ------------------------------------------------------------------------------------
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(list(self._params.values()), lr=self.config.lr,
+                                 weight_decay=self.config.weight_decay)
+
+    def _snapshot(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Weights and optimizer state before a step, to restore a rejected one exactly."""
+        return self.lora_state(), copy.deepcopy(self._optimizer.state_dict())
+
+    def _restore(self, snapshot: tuple[dict[str, torch.Tensor], dict]) -> None:
+        weights, optimizer_state = snapshot
+        with torch.no_grad():
+            for key, param in self._params.items():
+                param.copy_(weights[key])
+        self._optimizer.load_state_dict(optimizer_state)
+        self._optimizer.zero_grad(set_to_none=True)
+
+    # ----- batching ---------------------------------------------------------------------------------
+
+    def _check_samples(self, samples: list[GRPOSample]) -> None:
+        """Malformed input is a caller bug: raise rather than train on misaligned tokens."""
+        if not samples:
+            raise ValueError("step() needs at least one sample")
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            if not s.prompt_ids:
+                raise ValueError(f"sample {i}: prompt_ids is empty (the first token has no log-prob)")
+            if s.completion_mask is not None and len(s.completion_mask) != n:
+                raise ValueError(f"sample {i}: completion_mask has {len(s.completion_mask)} entries for {n} tokens")
+            if s.old_logprobs is not None and len(s.old_logprobs) != n:
+                raise ValueError(f"sample {i}: old_logprobs has {len(s.old_logprobs)} entries for {n} tokens")
+            ids = s.prompt_ids + s.completion_ids
+            if min(ids) < 0 or max(ids) >= self._vocab_size:
+                raise ValueError(f"sample {i}: token id outside the vocabulary (0..{self._vocab_size - 1})")
+
+    def _micro_batches(self, sequences: list[_Sequence]) -> list[_MicroBatch]:
+        """Sequences sorted by length (less padding), cut into micro-batches."""
+        ordered = sorted(sequences, key=lambda s: len(s.token_ids), reverse=True)
+        size = self.config.micro_batch_size
+        return [_collate(ordered[i:i + size], self._pad_id, self.device) for i in range(0, len(ordered), size)]
+
+
+class _Summary:
+    """Collects the numbers of a step and builds its StepResult."""
+
+    def __init__(self, rewards: torch.Tensor, started: float) -> None:
+        self.started = started
+        self.reward_mean = float(rewards.mean())
+        self.reward_std = float(rewards.std(unbiased=False))
+        self.num_skipped_groups = 0
+        self.totals = _Pass()
+        self.num_sequences = 0
+        self.grad_norm = math.nan
+
+    def record(self, totals: _Pass, grad_norm: float) -> None:
+        self.totals, self.grad_norm = totals, grad_norm
+
+    def accepted(self, version: int) -> StepResult:
+        return self._result(True, "", version)
+
+    def rejected(self, reason: str, version: int) -> StepResult:
+        return self._result(False, reason, version)
+
+    def _result(self, is_accepted: bool, reason: str, version: int) -> StepResult:
+        t = self.totals
+        return StepResult(
+            is_accepted=is_accepted, reason=reason, loss=t.loss if t.num_tokens else math.nan,
+            grad_norm=self.grad_norm, num_sequences=self.num_sequences, num_tokens=t.num_tokens,
+            reward_mean=self.reward_mean, reward_std=self.reward_std, clip_fraction=t.mean("clip_fraction"),
+            ratio_mean=t.mean("ratio_mean"), kl=t.mean("kl"), num_skipped_groups=self.num_skipped_groups,
+            step_seconds=time.perf_counter() - self.started, version=version)
+
+
+# ----- helpers --------------------------------------------------------------------------------------
+
+
+def _load_peft_model(base_dir: Path, adapter_dir: Path, config: LearnerConfig) -> torch.nn.Module:
+    """Base weights (frozen) in the configured dtype on the learner's device, adapter trainable."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, config.dtype))
+    base.to(torch.device(config.device))
+    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    # Eval mode: no dropout, so the learner scores tokens with the same policy vLLM sampled from.
+    model.eval()
+    return model
+
+
+def _lora_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Trainable weights keyed by their name in a PEFT file (``...q_proj.lora_A.weight``, as vLLM reads)."""
+    params = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if not _LORA_PARAM.search(name):
+            raise ValueError(f"trainable weight {name!r} is not a LoRA A/B matrix; vLLM cannot serve it")
+        params[_LORA_PARAM.sub(r".\1.weight", name)] = param
+    if not params:
+        raise ValueError("the adapter has no trainable LoRA weights")
+    return params
+
+
+def _prepare(samples: list[GRPOSample], eps: float) -> tuple[list[_Sequence], int]:
+    """Group advantages; drop zero-advantage groups and sequences with no Planner token."""
+    groups: dict[str, list[GRPOSample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.group_id, []).append(sample)
+    sequences, num_skipped = [], 0
+    for members in groups.values():
+        advantages = group_advantages([s.reward for s in members], eps)  # (G,)
+        if not bool(advantages.any()):
+            num_skipped += 1
+            continue
+        sequences += [seq for s, a in zip(members, advantages.tolist()) if (seq := _sequence(s, a)) is not None]
+    return sequences, num_skipped
+
+
+def _normalizer(sequences: list[_Sequence], aggregation: str) -> float:
+    """The full batch's loss denominator: sequences ("grpo") or Planner tokens ("dapo")."""
+    if aggregation == "grpo":
+        return float(len(sequences))
+    return float(sum(sum(s.mask) for s in sequences))
+
+
+def _sequence(sample: GRPOSample, advantage: float) -> _Sequence | None:
+    mask = ([1.0] * len(sample.completion_ids) if sample.completion_mask is None
+            else [1.0 if m else 0.0 for m in sample.completion_mask])
+    if not any(mask):
+        return None
+    return _Sequence(sample.prompt_ids + sample.completion_ids, len(sample.prompt_ids), mask,
+                     sample.old_logprobs, advantage)
+
+
+def _collate(sequences: list[_Sequence], pad_id: int, device: torch.device) -> _MicroBatch:
+    """Right-pad; completion token j of a sequence with prompt length P is scored at position P − 1 + j."""
+    b, t = len(sequences), max(len(s.token_ids) for s in sequences)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # (b, T)
+    attention_mask = torch.zeros((b, t), dtype=torch.long)  # (b, T)
+    loss_mask = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
+    old_logp = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
+    for i, s in enumerate(sequences):
+        n, first = len(s.token_ids), s.prompt_len - 1
+        input_ids[i, :n] = torch.tensor(s.token_ids)
+        attention_mask[i, :n] = 1
+        loss_mask[i, first:n - 1] = torch.tensor(s.mask)
+        if s.old_logprobs is not None:
+            old_logp[i, first:n - 1] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    has_old = torch.tensor([s.old_logprobs is not None for s in sequences])  # (b,)
+    advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)  # (b,)
+    start = min(s.prompt_len for s in sequences) - 1
+    return _MicroBatch(input_ids.to(device), attention_mask.to(device), loss_mask.to(device),
+                       old_logp.to(device), has_old.to(device), advantages.to(device), start)
+
+
+def _fsync_files(folder: Path) -> None:
+    """Flush a freshly written folder's files before it is renamed into place (no-op cost on tmpfs)."""
+    for path in folder.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())

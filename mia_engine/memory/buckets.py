@@ -1,0 +1,150 @@
+"""One retrieval bucket: the contiguous key matrices the score kernel reads, kept up to date in place.
+
+The score needs the whole bucket (min-max over every entry), so the keys live in dense (N, d)
+tensors that grow by doubling and shrink by moving the last row into the hole: adding or
+removing a memory is O(d), a query never rebuilds anything.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+import torch
+
+from .config import ScoreWeights
+from .index import VectorIndex
+
+ScoreFn = Callable[..., object]
+"""``kernels.memory_score.memory_topk`` or anything with its contract."""
+
+_INITIAL_CAPACITY = 16
+
+
+class ScoredRow(NamedTuple):
+    """One ranked memory of a bucket, with the terms of its score."""
+
+    entry_id: str
+    score: float
+    sim: float
+    sim_norm: float
+    value: float
+    freq: float
+
+
+class Bucket:
+    """Key matrices (for the score) plus one FAISS index per label (for duplicate lookup)."""
+
+    def __init__(self, dim: int, device: torch.device, faiss_resources: object | None = None) -> None:
+        self._dim = dim
+        self._device = device
+        self._ids: list[str] = []
+        self._row_of: dict[str, int] = {}
+        self._keys_q = torch.zeros((_INITIAL_CAPACITY, dim), dtype=torch.float32, device=device)
+        self._keys_c = torch.zeros_like(self._keys_q)
+        self._usage = torch.zeros(_INITIAL_CAPACITY, dtype=torch.float32, device=device)
+        self._success = torch.zeros_like(self._usage)
+        self._labels = torch.zeros(_INITIAL_CAPACITY, dtype=torch.int8, device=device)
+        self._by_label = {True: VectorIndex(dim, faiss_resources), False: VectorIndex(dim, faiss_resources)}
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def count(self, is_correct: bool) -> int:
+        return len(self._by_label[is_correct])
+
+    def add(
+        self,
+        entry_id: str,
+        is_correct: bool,
+        key_q: np.ndarray,
+        key_c: np.ndarray | None,
+        counts: tuple[int, int],
+    ) -> None:
+        """Append one memory; ``counts`` is (u, s). The id must not be in the bucket yet."""
+        if len(self._ids) == self._keys_q.shape[0]:
+            self._grow()
+        row = len(self._ids)
+        self._keys_q[row] = torch.from_numpy(key_q)
+        self._keys_c[row] = torch.from_numpy(key_c) if key_c is not None else 0.0
+        self._usage[row], self._success[row] = float(counts[0]), float(counts[1])
+        self._labels[row] = int(is_correct)
+        self._ids.append(entry_id)
+        self._row_of[entry_id] = row
+        self._by_label[is_correct].add(entry_id, key_q)
+
+    def remove(self, entry_id: str) -> None:
+        row = self._row_of.pop(entry_id)
+        last = len(self._ids) - 1
+        if row != last:  # fill the hole with the last row so the matrices stay dense
+            for tensor in (self._keys_q, self._keys_c, self._usage, self._success, self._labels):
+                tensor[row] = tensor[last]
+            moved = self._ids[last]
+            self._ids[row] = moved
+            self._row_of[moved] = row
+        self._ids.pop()
+        for index in self._by_label.values():
+            index.remove(entry_id)
+
+    def set_counts(self, entry_id: str, num_uses: int, num_successes: int) -> None:
+        row = self._row_of[entry_id]
+        self._usage[row] = float(num_uses)
+        self._success[row] = float(num_successes)
+
+    def nearest(self, is_correct: bool, key_q: np.ndarray, k: int) -> list[tuple[str, float]]:
+        """Same-label neighbours of a question key: the candidates for duplicate replacement."""
+        return self._by_label[is_correct].search(key_q, k)
+
+    def top_k(
+        self,
+        query_q: np.ndarray,
+        query_c: np.ndarray | None,
+        k: int,
+        weights: ScoreWeights,
+        score_fn: ScoreFn,
+        backend: str,
+    ) -> tuple[list[ScoredRow], list[ScoredRow]]:
+        """Best ``k`` positives and negatives by the paper's score, over the live rows."""
+        num_rows = len(self._ids)
+        if num_rows == 0 or k <= 0:
+            return [], []
+        q = torch.from_numpy(np.asarray(query_q, dtype=np.float32)).to(self._device).reshape(1, -1)  # (1, d)
+        c = None if query_c is None else torch.from_numpy(np.asarray(query_c, dtype=np.float32)).to(self._device)
+        result = score_fn(
+            q,
+            None if c is None else c.reshape(1, -1),  # (1, d)
+            None if c is None else torch.ones(1, dtype=torch.bool, device=self._device),
+            self._keys_q[:num_rows],  # (N, d) views, no copy
+            None if c is None else self._keys_c[:num_rows],
+            self._usage[:num_rows],
+            self._success[:num_rows],
+            self._labels[:num_rows],
+            k,
+            weights,
+            backend=backend,
+        )
+        return self._rows_of_slot(result, 0), self._rows_of_slot(result, 1)
+
+    def _rows_of_slot(self, result: object, slot: int) -> list[ScoredRow]:
+        """Result tensors (1, 2, k') -> ScoredRows of one label slot, padding (-1) dropped."""
+        names = ("ids", "score", "sim", "sim_norm", "value", "freq")
+        columns = [getattr(result, name)[0, slot].tolist() for name in names]  # each (k',)
+        rows = []
+        for row, score, sim, sim_norm, value, freq in zip(*columns):
+            if row >= 0:
+                rows.append(ScoredRow(self._ids[row], score, sim, sim_norm, value, freq))
+        return rows
+
+    def _grow(self) -> None:
+        capacity = 2 * self._keys_q.shape[0]
+        self._keys_q = _resized(self._keys_q, capacity)
+        self._keys_c = _resized(self._keys_c, capacity)
+        self._usage = _resized(self._usage, capacity)
+        self._success = _resized(self._success, capacity)
+        self._labels = _resized(self._labels, capacity)
+
+
+def _resized(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+    grown = torch.zeros((capacity, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    grown[: tensor.shape[0]] = tensor
+    return grown

@@ -1,0 +1,61 @@
+"""The rules of experience consolidation, as pure functions over entries and rollouts.
+
+Kept apart from the store so each rule (replacement, which rollouts to keep, what to clear) is
+testable without disk, FAISS or an encoder.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+
+from .config import ClearPolicy
+from .entries import MemoryEntry, Rollout
+
+
+def should_replace(existing: MemoryEntry, new: MemoryEntry) -> bool:
+    """Reference rule for a same-label duplicate: a failure lesson is always refreshed (the newer
+    one reflects the current Planner); a success is only replaced by a shorter, i.e. cheaper, workflow."""
+    if not existing.is_correct:
+        return True
+    return len(new.workflow_summary) < len(existing.workflow_summary)
+
+
+def choose_rollouts(rollouts: Sequence[Rollout], rng: random.Random) -> tuple[Rollout | None, Rollout | None]:
+    """(positive, negative) of TTL step 6: the shortest success (first among equals) and one random failure."""
+    successes = [rollout for rollout in rollouts if rollout.is_correct]
+    failures = [rollout for rollout in rollouts if not rollout.is_correct]
+    positive = min(successes, key=lambda rollout: rollout.length) if successes else None
+    negative = rng.choice(failures) if failures else None
+    return positive, negative
+
+
+def entries_to_clear(
+    entries: Iterable[MemoryEntry],
+    policy: ClearPolicy,
+    *,
+    max_num_entries: int,
+    last_clear_at: float | None,
+) -> list[str]:
+    """Ids the selective clearing after a learning update removes, so the buffer does not saturate."""
+    if policy == "drop_unused":
+        return _unused_since(entries, last_clear_at)
+    if policy == "cap":
+        return _beyond_capacity(entries, max_num_entries)
+    return []
+
+
+def _unused_since(entries: Iterable[MemoryEntry], last_clear_at: float | None) -> list[str]:
+    """Never-retrieved memories that already had one full update to prove useful; fresh ones stay."""
+    if last_clear_at is None:
+        return []
+    return [entry.id for entry in entries if entry.num_uses == 0 and entry.created_at <= last_clear_at]
+
+
+def _beyond_capacity(entries: Iterable[MemoryEntry], max_num_entries: int) -> list[str]:
+    """Keep the best by Val = s / (u + 1); among equals the newer (fresh memories have Val 0)."""
+    def value_then_age(entry: MemoryEntry) -> tuple[float, float]:
+        return entry.num_successes / (entry.num_uses + 1), entry.created_at
+
+    ranked = sorted(entries, key=value_then_age, reverse=True)
+    return [entry.id for entry in ranked[max_num_entries:]]

