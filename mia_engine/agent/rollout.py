@@ -16,7 +16,7 @@ from . import prompts
 from .config import AgentConfig
 from ..engines.protocol import SamplingOptions
 from .llm import ChatClient, complete, sampling_options
-from .protocol import (ExecutorTurn, Observation, Trajectory, answer_or_text, executor_turn_regex,
+from .protocol import (ExecutorTurn, Observation, Trajectory, executor_turn_regex,
                        parse_executor_turn, parse_yes_no)
 from ..tools.registry import ToolContext, Tools
 
@@ -38,7 +38,9 @@ class _Run:
     num_successful_tool_calls: int = 0
 
     def last_answer(self) -> str | None:
-        return answer_or_text(self.turns[-1]) if self.turns and self.turns[-1].tool_call is None else None
+        """The ``<answer>`` of the last turn; None when the trajectory ended without one (malformed
+        output, turn cap, full context), which the user sees as "no answer was found"."""
+        return self.turns[-1].answer if self.turns and self.turns[-1].tool_call is None else None
 
 
 class RolloutRunner:

@@ -1,0 +1,149 @@
+"""The research loop's control flow with scripted role outputs (a fake engine: pure logic only)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from mia_engine.agent.config import AgentConfig, ToolsConfig
+from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
+from mia_engine.engines.protocol import CompletionDelta, SamplingOptions
+from mia_engine.memory.entries import ConsolidationResult, SearchResult
+from mia_engine.tools.corpus import Passage
+from mia_engine.tools.registry import Tools
+
+Script = Callable[[str, str, SamplingOptions], str]
+
+CALL = '<think>look it up</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["Seine"]}}\n</tool_call>'
+ANSWER = "<think>found</think>\n<answer>Seine</answer>"
+
+
+@dataclass
+class FakeClient:
+    """Answers each role from a script of (model, last user message, options) -> text."""
+
+    script: Script
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+        self._last = (model, messages[-1]["content"])
+        return list(range(10))
+
+    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
+        return requested or 100
+
+    async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+                       stream: bool) -> AsyncIterator[list[CompletionDelta]]:
+        model, prompt = self._last
+        self.calls.append((model, prompt))
+        yield [CompletionDelta(i, self.script(model, prompt, options), 1) for i in range(options.n)]
+
+
+class FakeSearch:
+    async def search(self, queries: list[str], top_k: int) -> list[list[Passage]]:
+        return [[Passage("Seine", "The Seine flows through Paris.")] for _ in queries]
+
+
+@dataclass
+class FakeMemory:
+    consolidated: list = field(default_factory=list)
+    outcomes: list = field(default_factory=list)
+
+    async def search(self, question: str) -> SearchResult:
+        return SearchResult("text/others", [], [])
+
+    async def search_meta_plans(self, question: str) -> list:
+        return []
+
+    async def record_outcome(self, ids, success: bool) -> int:
+        self.outcomes.append((list(ids), success))
+        return 0
+
+    async def consolidate_group(self, question: str, rollouts) -> ConsolidationResult:
+        self.consolidated.append(list(rollouts))
+        return ConsolidationResult()
+
+
+def agent_with(script: Script, **config: object) -> tuple[ResearchAgent, FakeClient, FakeMemory]:
+    client, memory = FakeClient(script), FakeMemory()
+    tools = Tools(ToolsConfig(), local=FakeSearch())
+    agent_config = msgspec.structs.replace(AgentConfig(), **config) if config else AgentConfig()
+    return ResearchAgent(client, memory, tools, agent_config), client, memory
+
+
+def role_script(*, executor: Callable[[str], str], reflection: str = "no", grade: str = "A") -> Script:
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "planner":
+            if "Reply with exactly one word" in prompt:
+                return reflection
+            return "1. search for the river" if "revised plan" not in prompt else "2. search again, better"
+        if model == "executor":
+            return executor(prompt)
+        if model == "judge":
+            return grade
+        if model == "router":
+            return '{"plan": 2}'
+        return "1. **search** (question -> answer)"
+    return script
+
+
+async def test_answer_after_one_tool_call_low_latency_path() -> None:
+    agent, client, memory = agent_with(role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL))
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert result.answer == "Seine"
+    trajectory = result.rollouts[0].trajectory
+    assert trajectory.num_tool_calls == 1 and trajectory.num_successful_tool_calls == 1
+    assert "Doc 1(Title: Seine)" in trajectory.observations[0].text
+    assert not any(model == "judge" for model, _ in client.calls)  # no judge on the low-latency path
+    assert memory.consolidated == []
+
+
+async def test_replan_happens_at_most_once() -> None:
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="yes"))
+    result = await agent.research(ResearchRequest("q"))
+    trajectory = result.rollouts[0].trajectory
+    assert trajectory.did_replan and trajectory.replan.startswith("2.")
+    reflections = [p for m, p in client.calls if m == "planner" and "Reply with exactly one word" in p]
+    assert len(reflections) == 1
+    executor_prompts = [p for m, p in client.calls if m == "executor"]
+    assert "I have a revised plan for you to follow" in executor_prompts[-1]
+
+
+async def test_malformed_output_ends_gracefully_within_max_turns() -> None:
+    agent, client, _ = agent_with(role_script(executor=lambda p: "<tool_call>{not json"), max_turns=3,
+                                  max_replans=0)
+    result = await agent.research(ResearchRequest("q"))
+    assert result.answer == NO_ANSWER
+    assert len(result.rollouts[0].trajectory.turns) == 3
+    assert all(not turn.is_well_formed for turn in result.rollouts[0].trajectory.turns)
+
+
+async def test_garbage_everywhere_still_returns_a_response() -> None:
+    agent, _, memory = agent_with(lambda model, prompt, options: "\x00<<</answer>>{]", max_turns=2)
+    result = await agent.research(ResearchRequest("q", ground_truth=["x"], num_rollouts=3))
+    assert isinstance(result.answer, str) and result.answer
+    assert len(result.rollouts) == 3
+    assert all(r.verdict is not None and not r.verdict.is_correct for r in result.rollouts)
+
+
+async def test_g_plans_route_judge_reward_and_consolidate() -> None:
+    def executor(prompt: str) -> str:
+        return ANSWER if prompt.startswith("<tool_response>") else CALL
+
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "planner" and options.n > 1:
+            assert options.temperature and options.temperature > 0  # G samples need sampling
+        return role_script(executor=executor)(model, prompt, options)
+
+    agent, client, memory = agent_with(script)
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=4))
+    assert len(result.rollouts) == 4 and result.chosen == 1  # the router said plan 2
+    planner_calls = [p for m, p in client.calls if m == "planner" and "Reply with exactly" not in p]
+    assert len(planner_calls) == 1  # one request, n = G
+    assert all(r.verdict.is_correct for r in result.rollouts)
+    # correct final and first answers, well-formed yes/no, no replan after a correct first answer
+    assert all(abs(r.reward - (0.7 * 1 + 0.2 * 1 + 0.05 * 1 + 0.05 * 1)) < 1e-9 for r in result.rollouts)
+    assert all(r.advantage == 0.0 for r in result.rollouts)  # equal rewards: no learning signal
+    assert len(memory.consolidated) == 1 and len(memory.consolidated[0]) == 1  # shortest success only
