@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from .agent.config import AgentConfig, ToolsConfig
+from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
 
 RESERVED_MODEL_IDS = frozenset({"mia"})
@@ -131,6 +132,7 @@ class MIAConfig(_Frozen):
     memory: MemoryConfig = MemoryConfig()
     agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
+    learner: LearnerConfig = LearnerConfig()
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
 

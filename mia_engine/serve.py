@@ -1,60 +1,104 @@
 """The one serving process: uvloop, the HTTP app, and behind it the shared encoder, the memory store,
-the engines and the research agent, which start after the server listens (``/health`` answers 503
-until all are up)."""
+the engines, the test-time learner and the research agent, which start after the server listens
+(``/health`` answers 503 until they are up)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 import uvicorn
 import uvloop
 
 from .agent.handle import AgentHandle
-from .config import MIAConfig
+from .agent.protocol import Rollout
+from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
+from .learner.ttl import TestTimeLearner, planner_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
 from .memory.routes import memory_routes
 from .server.adapters_api import adapter_routes
 from .server.app import build_app
+from .server.learner_api import learner_routes
+from .server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
-async def _serve(config: MIAConfig) -> None:
-    roles = RoleServer(config)
-    memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
-    agent = AgentHandle(config)
-    encoders: list[Embedder] = []
+class Services:
+    """Everything behind the HTTP app, started in order once the server listens."""
 
-    async def start() -> None:
+    def __init__(self, config: MIAConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.roles = RoleServer(config)
+        self.memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
+        self.agent = AgentHandle(config)
+        planner = config.agent.roles.planner
+        self.learner = TestTimeLearner(config.learner, self.roles.adapters,
+                                       config.resolved_data_dir() / "adapters" / planner, planner,
+                                       on_update=self.metrics.record_update)
+        self.encoders: list[Embedder] = []
+
+    async def start(self) -> None:
         try:
-            encoders.append(await asyncio.get_running_loop().run_in_executor(None, Embedder, config.memory.embedder))
+            loop = asyncio.get_running_loop()
+            self.encoders.append(await loop.run_in_executor(None, Embedder, self.config.memory.embedder))
         except Exception as err:
             log.error("the sentence encoder failed to load: %s", err)
-        encoder = encoders[0] if encoders else None
-        await memory.open(encoder)
-        await roles.start()
-        if encoder is not None and memory.is_ready() and roles.is_ready():
-            await agent.start(roles, memory, encoder)
+        encoder = self.encoders[0] if self.encoders else None
+        await self.memory.open(encoder)
+        resume = self.learner.resume_path()
+        if resume is not None:
+            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
+            self.roles.initial_adapters[self.learner.role] = resume
+        await self.roles.start()
+        if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
+            return
+        await self._start_learner()
+        await self.agent.start(self.roles, self.memory, encoder,
+                               self._learn if self.learner.is_ready else None)
 
-    async def stop() -> None:
-        roles.shutdown()
-        agent.close()
-        await memory.close()
-        for encoder in encoders:
+    async def _start_learner(self) -> None:
+        role = self.learner.role
+        if self.roles.adapters.current(role) is None:
+            log.info("test-time learning off: role %s has no adapter", role)
+            return
+        engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
+        try:
+            await self.learner.start(engine.model_dir)
+        except Exception:
+            log.exception("test-time learning off: the learner failed to load")
+
+    async def _learn(self, plan_messages: list[dict[str, str]], rollouts: list[Rollout]) -> None:
+        samples = await planner_samples(self.roles, self.learner.role, plan_messages, [r.plan for r in rollouts],
+                                        [r.reward for r in rollouts], uuid.uuid4().hex)
+        await self.learner.submit(samples)
+
+    async def stop(self) -> None:
+        self.learner.close()
+        self.roles.shutdown()
+        self.agent.close()
+        await self.memory.close()
+        for encoder in self.encoders:
             encoder.close()
 
-    app = build_app(roles, config.server, start=start, stop=stop,
-                    extra_routes=[*adapter_routes(roles.adapters), *memory_routes(memory)],  # type: ignore[arg-type]
-                    components=[("memory_not_ready", memory), ("agent_not_ready", agent)], agent=agent)
+
+async def _serve(config: MIAConfig) -> None:
+    services = Services(config)
+    routes = [*learner_routes(services.learner, services.roles), *adapter_routes(services.roles.adapters),
+              *memory_routes(services.memory)]  # type: ignore[arg-type]
+    app = build_app(services.roles, config.server, start=services.start, stop=services.stop, extra_routes=routes,
+                    components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
+                    agent=services.agent, metrics=services.metrics)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, http="httptools", lifespan="on",
         log_level=config.server.log_level, access_log=config.server.access_log, timeout_graceful_shutdown=5,
         timeout_keep_alive=config.server.keep_alive_s))
-    log.info("listening on http://%s:%d (memory, engines and agent start in the background; /health turns "
-             "200 when ready)", config.server.host, config.server.port)
+    log.info("listening on http://%s:%d (memory, engines, learner and agent start in the background; "
+             "/health turns 200 when ready)", config.server.host, config.server.port)
     await server.serve()
 
 

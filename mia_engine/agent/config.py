@@ -111,25 +111,6 @@ class RegexLimits(_Frozen):
                  "regex limits must be >= 1")
 
 
-class LearnConfig(_Frozen):
-    """The Planner's online GRPO update during test-time learning (paper algorithm 3, step 7)."""
-
-    batch_size: int = 32
-    """Questions per test-time-learning batch (each with ``num_rollouts`` rollouts)."""
-    learning_rate: float = 1e-6
-    """Planner learning rate."""
-    kl_coef: float = 0.0
-    """KL coefficient (0 in the paper: no reference model needed)."""
-    clip_eps: float = 0.2
-    """PPO ratio clip ε."""
-    num_epochs: int = 1
-    """Passes over one batch's rollouts per update."""
-
-    def __post_init__(self) -> None:
-        _require(self.batch_size >= 1 and self.num_epochs >= 1, "batch_size and num_epochs must be >= 1")
-        _require(self.learning_rate > 0 and self.clip_eps > 0 and self.kl_coef >= 0, "invalid GRPO settings")
-
-
 class AgentConfig(_Frozen):
     """The research loop: Planner → Router → Executor (ReAct) → reflection → judge → reward → memory."""
 
@@ -190,8 +171,6 @@ class AgentConfig(_Frozen):
     """Reviewer weights told to the Area Chair."""
     advantage_eps: float = 1e-6
     """ε of A_i = (R_i − mean R)/(std R + ε) (veRL's GRPO default, which the reference trains with)."""
-    learn: LearnConfig = LearnConfig()
-    """Online GRPO of the Planner."""
     seed: int = 0
     """Seed of the RNG that picks the failed rollout kept as a negative memory."""
 

@@ -16,7 +16,7 @@ from ..tools.image import ImageSearch
 from ..tools.registry import Tools
 from ..tools.search import LocalSearch
 from ..tools.web import WebSearch
-from .loop import ResearchAgent
+from .loop import OnLearn, ResearchAgent
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,10 @@ class AgentHandle:
         image = ImageSearch(tools.image_cache_dir, tools.image_top_k) if tools.image_cache_dir else None
         return Tools(tools, local=self._search, web=web, image=image)
 
-    async def start(self, client: Any, memory: Any, encoder: Any) -> None:
+    async def start(self, client: Any, memory: Any, encoder: Any, on_learn: OnLearn | None = None) -> None:
         try:
             tools = await self.build_tools(encoder)
-            self._agent = ResearchAgent(client, memory, tools, self.config.agent)
+            self._agent = ResearchAgent(client, memory, tools, self.config.agent, on_learn)
             log.info("research agent ready (model `mia`)")
         except Exception as err:
             self._error = f"research agent failed to start: {type(err).__name__}: {err}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +28,9 @@ from ..memory.entries import Rollout as MemoryRollout
 from ..tools.registry import Tools
 
 NO_ANSWER = "No answer was found."
+
+OnLearn = Callable[[list[dict[str, str]], list[Rollout]], Awaitable[None]]
+"""(the Planner's prompt messages, the judged rollouts) -> queued for a GRPO update."""
 
 
 class ResearchRequest(msgspec.Struct, frozen=True):
@@ -56,10 +59,13 @@ class ResearchResult(msgspec.Struct):
 class ResearchAgent:
     """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
 
-    def __init__(self, client: ChatClient, memory: Any, tools: Tools, config: AgentConfig) -> None:
+    def __init__(self, client: ChatClient, memory: Any, tools: Tools, config: AgentConfig,
+                 on_learn: OnLearn | None = None) -> None:
         self.client = client
         self.memory = memory
         self.config = config
+        self.on_learn = on_learn
+        """Receives each learning question's judged rollouts (the test-time learner)."""
         self.runner = RolloutRunner(client, tools, config)
         self._rng = random.Random(config.seed)
 
@@ -88,6 +94,9 @@ class ResearchAgent:
             emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
             with clock("consolidate"):
                 new_ids = await self._consolidate(request.question, rollouts, used_ids, rollouts[chosen])
+            if request.learn and self.on_learn is not None:
+                with clock("learn_submit"):
+                    await self.on_learn(plan_messages, rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
                               new_ids, timings)

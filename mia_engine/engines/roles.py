@@ -55,6 +55,8 @@ class RoleServer:
         self._targets: dict[str, RoleTarget] = {}
         self._is_started = False
         self._error: str | None = None
+        self.initial_adapters: dict[str, Path] = {}
+        """Adapter folders that replace a role's configured one at start (the latest learned checkpoint)."""
 
     async def start(self) -> None:
         """Build/resolve models, spawn engines one by one, load adapters; failures are kept, not raised."""
@@ -79,7 +81,7 @@ class RoleServer:
             canonical, role = resolve_role(self.config, name)
             engine = self.engines[role.engine]
             if role.adapter and canonical == name:
-                path = await loop.run_in_executor(
+                path = self.initial_adapters.get(name) or await loop.run_in_executor(
                     None, adapter_dir, role.adapter, self.config.engines[role.engine].model, self.home)
                 await self.adapters.register(name, engine, path)
             self._targets[name] = RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role")
@@ -138,6 +140,12 @@ class RoleServer:
             return tokenizer.encode(text, add_special_tokens=False)
 
         return await asyncio.get_running_loop().run_in_executor(None, render)
+
+    async def encode(self, model: str, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens) under the model's tokenizer."""
+        tokenizer = self._targets[model].engine.tokenizer
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: tokenizer.encode(text, add_special_tokens=False))
 
     async def generate(
         self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool

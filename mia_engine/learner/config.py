@@ -24,6 +24,8 @@ def _require(condition: bool, message: str) -> None:
 class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the Planner's LoRA adapter is updated between batches of judged rollouts."""
 
+    batch_size: int = 32
+    """Questions (rollout groups of G) gathered per GRPO update of online test-time learning (paper: 32)."""
     device: str = "cpu"
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
@@ -66,6 +68,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         _require(bool(self.device.strip()), "learner.device must not be empty")
+        _require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
         _require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
         _require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
         _require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,

@@ -100,11 +100,12 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     components: Sequence[tuple[str, Readiness]] = (),
     agent: AgentSource | None = None,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down.
 
     ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store."""
-    metrics = Metrics()
+    metrics = metrics or Metrics()
     chat = ChatService(client, config, metrics)
     agent_chat = AgentChat(agent, config, metrics) if agent is not None else None
     created = int(time.time())

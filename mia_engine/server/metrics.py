@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -22,6 +24,21 @@ class Metrics:
                                      ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.in_flight = Gauge("mia_requests_in_flight", "Chat requests running by model", ["model"],
                                registry=self.registry)
+
+        self.learner_updates = Counter("mia_learner_updates", "Test-time GRPO updates by outcome",
+                                       ["outcome"], registry=self.registry)
+        self.learner_step = Histogram("mia_learner_step_seconds", "GRPO step time", buckets=LATENCY_BUCKETS,
+                                      registry=self.registry)
+        self.learner_publish = Histogram("mia_learner_publish_seconds", "Step end to new adapter serving",
+                                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+                                         registry=self.registry)
+
+    def record_update(self, report: Any) -> None:
+        """A ``learner.ttl.UpdateReport``."""
+        self.learner_updates.labels("published" if report.is_published else "rejected").inc()
+        self.learner_step.observe(report.step.step_seconds)
+        if report.is_published:
+            self.learner_publish.observe(report.publish_seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

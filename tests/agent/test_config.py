@@ -19,7 +19,7 @@ def test_defaults():
     w = config.review_weights
     assert (w.logic, w.sourcing, w.validity) == (0.5, 0.3, 0.2)
     assert config.reviewer.temperature == 0.1 and config.grader.temperature == 0.0
-    assert config.executor.presence_penalty == 1.1 and config.learn.batch_size == 32
+    assert config.executor.presence_penalty == 1.1
     tools = ToolsConfig()
     assert (tools.corpus, tools.search_top_k, tools.web_top_k, tools.image_top_k) == ("wiki-offline", 3, 5, 3)
     assert tools.serper_url == "" and not tools.is_web_enabled
