@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -73,8 +74,9 @@ __all__ = ["Backend", "ScoreResult", "memory_topk", "memory_topk_cpu", "memory_t
 Backend = Literal["auto", "triton", "torch", "cpu"]
 _EMBEDDING_DTYPES = (torch.float32, torch.float16)
 """bf16 is left out: Triton's CPU interpreter computes bf16 dots wrongly, so it could not be tested."""
-_UPCAST_BLOCK_ROWS = 4096
-"""Rows of fp16 keys upcast at a time on CPU: ~6 MB of fp32 at d=384, stays in cache."""
+_UPCAST_BLOCK_ROWS = 16384
+"""Rows of fp16 keys upcast at a time on CPU (25 MB of fp32 at d=384): few enough blocks that
+the per-block call overhead stays small, small enough not to double the memory of the keys."""
 _NUMPY_MIN_BATCH = 16
 """From this many queries up, numpy's GEMM beat torch's on CPU (see ``_blas_dot``)."""
 
@@ -204,10 +206,14 @@ def memory_topk_cpu(
     k: int,
     weights: ScoreWeightsLike,
 ) -> ScoreResult:
-    """Vectorised CPU scoring: one BLAS product per embedding matrix, then (B, N) elementwise work.
+    """Vectorised CPU scoring: one BLAS product per embedding matrix, then (B, N) numpy work.
 
-    The product dominates (it streams N·d embeddings from memory); everything after it touches
-    only B·N similarities.
+    The product streams N·d embeddings and sets the latency. Everything after it is
+    single-threaded numpy on B·N similarities, on purpose: torch's OpenMP-parallel elementwise
+    ops lost to it at every size measured, by 10-30x on the busy 2-core box, where a parallel
+    region waits for a descheduled thread, and alternating OpenMP with OpenBLAS's spinning
+    threads made it worse (bench/RESULTS_memory_score.md). Arithmetic follows the reference
+    operation by operation in fp32, so given the same Sim the scores match it bit for bit.
     """
     batch, num_entries = query_q.shape[0], keys_q.shape[0]
     is_captioned = caption_mask(has_caption, query_c, query_q)  # (B,)
@@ -216,24 +222,24 @@ def memory_topk_cpu(
         return empty_result(batch, k_eff, query_q.device)
 
     sim = _cpu_sim(query_q, query_c, is_captioned, keys_q, keys_c, weights)  # (B, N)
-    sim_min, sim_max = torch.aminmax(sim, dim=1)  # (B,), over the whole bucket
-    usage = usage.float()
-    success = success.float()
-    value_term = weights.lambda_value * (success / (usage + 1.0))  # (N,)
-    freq_term = weights.lambda_freq * (1.0 / (usage + 1.0))  # (N,)
-    # Evaluated in the reference's order, in place: Score = ((λs·Ŝ) + λv·Val) + λf·Freq.
+    sim_min, sim_max = sim.min(axis=1), sim.max(axis=1)  # (B,), over the whole bucket
+    usage_np = usage.detach().float().numpy()  # (N,)
+    success_np = success.detach().float().numpy()
+    # Score = ((λs·Ŝ) + λv·Val) + λf·Freq, in the reference's order; Python floats stay fp32 (NEP 50).
     score = sim - sim_min[:, None]  # (B, N)
-    score.div_((sim_max - sim_min + weights.eps)[:, None]).mul_(weights.lambda_sim)
-    score.add_(value_term).add_(freq_term)
+    score /= (sim_max - sim_min + weights.eps)[:, None]
+    score *= weights.lambda_sim
+    score += weights.lambda_value * (success_np / (usage_np + 1.0))
+    score += weights.lambda_freq * (1.0 / (usage_np + 1.0))
 
-    is_positive = labels != 0  # (N,)
-    neg_inf = torch.tensor(float("-inf"))
-    by_label = torch.stack([torch.where(is_positive, score, neg_inf),
-                            torch.where(is_positive, neg_inf, score)], dim=1)  # (B, 2, N)
+    is_positive = labels.detach().numpy() != 0  # (N,)
+    by_label = np.stack([np.where(is_positive, score, -np.inf),
+                         np.where(is_positive, -np.inf, score)], axis=1)  # (B, 2, N) fp32
     top_score, top_ids = _topk_lowest_index(by_label.reshape(batch * 2, num_entries), k_eff)
-    top_ids = torch.where(top_score > float("-inf"), top_ids, -1).reshape(batch, 2, k_eff)
-    return _gather_terms(top_ids, top_score.reshape(batch, 2, k_eff), sim, sim_min, sim_max,
-                         usage, success, weights.eps)
+    top_ids = np.where(np.isneginf(top_score), -1, top_ids).reshape(batch, 2, k_eff)
+    return _gather_terms(torch.from_numpy(top_ids), torch.from_numpy(top_score.reshape(batch, 2, k_eff)),
+                         torch.from_numpy(sim), torch.from_numpy(sim_min), torch.from_numpy(sim_max),
+                         usage.float(), success.float(), weights.eps)
 
 
 def _cpu_sim(
@@ -243,28 +249,28 @@ def _cpu_sim(
     keys_q: Tensor,
     keys_c: Tensor | None,
     weights: ScoreWeightsLike,
-) -> Tensor:
-    """Sim (B, N) in fp32; the caption product runs only for captioned queries."""
+) -> np.ndarray:
+    """Sim (B, N) fp32; the caption product runs only for captioned queries."""
     sim = _cpu_dot(query_q, keys_q)  # (B, N)
-    captioned_rows = torch.nonzero(is_captioned).reshape(-1)
-    if captioned_rows.numel() == 0:
+    captioned_rows = np.flatnonzero(is_captioned.numpy())
+    if captioned_rows.size == 0:
         return sim
-    cos_c = torch.zeros_like(sim[captioned_rows])  # (B_c, N); no entry has a caption
+    cos_c = np.zeros((captioned_rows.size, sim.shape[1]), dtype=np.float32)  # no entry has a caption
     if keys_c is not None:
-        cos_c = _cpu_dot(query_c[captioned_rows], keys_c)
+        cos_c = _cpu_dot(query_c[torch.from_numpy(captioned_rows)], keys_c)  # (B_c, N)
     sim[captioned_rows] = weights.alpha_question * sim[captioned_rows] + weights.alpha_caption * cos_c
     return sim
 
 
-def _cpu_dot(query: Tensor, keys: Tensor) -> Tensor:
+def _cpu_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     """query (B, d) · keys (N, d)ᵀ -> (B, N) fp32, the query first rounded to the keys' dtype."""
     query = query.detach().to(keys.dtype).float()  # (B, d)
     keys = keys.detach()
     if keys.dtype == torch.float32:
         return _blas_dot(query, keys)
-    # fp16 keys: upcast a cache-sized block at a time into one reused buffer (a fresh
-    # .float() per block page-faults a new allocation and was ~20x slower when measured).
-    out = torch.empty((query.shape[0], keys.shape[0]), dtype=torch.float32)  # (B, N)
+    # fp16 keys: upcast a block at a time into one reused buffer (a fresh .float() per block
+    # page-faults a new allocation, ~20x slower when measured).
+    out = np.empty((query.shape[0], keys.shape[0]), dtype=np.float32)  # (B, N)
     buffer = torch.empty((min(_UPCAST_BLOCK_ROWS, keys.shape[0]), keys.shape[1]), dtype=torch.float32)
     for start in range(0, keys.shape[0], _UPCAST_BLOCK_ROWS):
         block = keys[start:start + _UPCAST_BLOCK_ROWS]
@@ -273,38 +279,41 @@ def _cpu_dot(query: Tensor, keys: Tensor) -> Tensor:
     return out
 
 
-def _blas_dot(query: Tensor, keys: Tensor) -> Tensor:
+def _blas_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     """(B, d) fp32 · (N, d)ᵀ fp32 -> (B, N), through the BLAS call measured fastest per batch size.
 
-    Measured on the 2-core AMD EPYC dev box (bench/RESULTS_memory_score.md), 100k×384 keys:
-    B = 1: numpy (OpenBLAS) sgemv 3.2 ms vs torch (MKL) 11 ms, whose sgemv runs one thread;
-    B = 2..8: torch ``keys @ query.T`` 3.9–7.5 ms vs numpy 10–15 ms; B ≥ 16: numpy
-    ``query @ keys.T`` 13–30 ms vs torch 16–55 ms. The product streams N·d floats, so it sets
-    the latency of the whole CPU path.
+    Measured on the 2-core AMD EPYC dev box (bench/RESULTS_memory_score.md), 100k×384 keys,
+    quiet machine: B = 1: numpy (OpenBLAS) sgemv 3.2 ms vs torch (MKL) 11 ms, whose sgemv ran
+    one thread; B = 2..8: torch ``keys @ query.T`` 3.9-7.5 ms vs numpy 10-15 ms; B >= 16: numpy
+    ``query @ keys.T`` 13-30 ms vs torch 16-55 ms.
     """
     batch = query.shape[0]
     if batch == 1 or batch >= _NUMPY_MIN_BATCH:
-        return torch.from_numpy(query.numpy() @ keys.numpy().T)  # (B, N)
-    return (keys @ query.T).T.contiguous()  # (B, N)
+        return query.numpy() @ keys.numpy().T  # (B, N)
+    return np.ascontiguousarray((keys @ query.T).numpy().T)  # (B, N)
 
 
-def _topk_lowest_index(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def _topk_lowest_index(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise top-k of (R, N) scores, sorted descending, ties to the lower column index.
 
-    torch.topk does not specify how it orders ties, so take k+1 and check: if no two adjacent
-    finite values are equal, the selection and its order are unique. Rows with a tie (rare:
-    duplicate entries) fall back to a stable sort. -inf marks masked entries; their order is
-    irrelevant because they become id -1.
+    argpartition does not say which of equal values it keeps, so take k+1 candidates, order them
+    by (score desc, index asc) — exact within the candidates — and redo a row with a stable full
+    sort only when its k-th and (k+1)-th scores tie (rare: duplicate entries). -inf marks masked
+    entries; they become id -1, so their order does not matter.
     """
     num_cols = scores.shape[1]
-    values, ids = torch.topk(scores, min(k + 1, num_cols), dim=1)  # (R, k+1), descending
-    is_tied = ((values[:, 1:] == values[:, :-1]) & (values[:, 1:] > float("-inf"))).any(dim=1)
-    tied_rows = torch.nonzero(is_tied).reshape(-1)
-    if tied_rows.numel() > 0:
-        order = torch.sort(scores[tied_rows], dim=1, descending=True, stable=True)
-        values[tied_rows] = order.values[:, : values.shape[1]]
-        ids[tied_rows] = order.indices[:, : values.shape[1]]
-    return values[:, :k], ids[:, :k]
+    num_cand = min(k + 1, num_cols)
+    cand = np.argpartition(-scores, num_cand - 1, axis=1)[:, :num_cand]  # (R, k+1), unordered
+    cand_score = np.take_along_axis(scores, cand, axis=1)
+    order = np.lexsort((cand, -cand_score), axis=-1)  # score desc, then index asc
+    ids = np.take_along_axis(cand, order, axis=1)
+    values = np.take_along_axis(cand_score, order, axis=1)
+    if num_cand > k:
+        is_tied = (values[:, k - 1] == values[:, k]) & np.isfinite(values[:, k])
+        for row in np.flatnonzero(is_tied):
+            ids[row] = np.argsort(-scores[row], kind="stable")[:num_cand]
+            values[row] = scores[row, ids[row]]
+    return values[:, :k], ids[:, :k].astype(np.int64)
 
 
 # ----------------------------------------------------------------------------------------------

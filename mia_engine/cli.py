@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, MIAConfig, load_config, parse_override_value
@@ -29,7 +30,28 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (server.port)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key)")
     serve.add_argument("--data-dir", help="folder for durable state (data_dir)")
+    for name, help_text in (("run", "answer a dataset (evaluation), resumable, with accuracy at the end"),
+                            ("ttl", "test-time learning over a dataset: GRPO updates of the Planner as it goes")):
+        cmd = sub.add_parser(name, help=help_text)
+        _common(cmd)
+        cmd.add_argument("--dataset", required=True, help="a .jsonl/.parquet file, or fanoutqa-dev")
+        cmd.add_argument("--out", type=Path, required=True, help="results JSONL (appended; resumable)")
+        cmd.add_argument("--concurrency", type=int, default=16, help="questions in flight (default %(default)s)")
+        cmd.add_argument("--rollouts", type=int, default=None, help="G per question (default: agent config)")
+        cmd.add_argument("--limit", type=int, default=None, help="only the first N questions")
+        if name == "ttl":
+            cmd.add_argument("--epochs", type=int, default=1)
+            cmd.add_argument("--metrics-out", type=Path, default=Path("ttl_metrics.jsonl"))
+            cmd.add_argument("--plot", type=Path, default=Path("ttl_curves.png"))
+    index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
+    _common(index)
+    index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
     return parser
+
+
+def _common(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--config", default="default", help="bundled config name or TOML file")
+    cmd.add_argument("--data-dir", help="folder for durable state (data_dir)")
 
 
 def dotted_overrides(rest: list[str]) -> dict[str, Any]:
@@ -51,26 +73,54 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def parse_config(argv: list[str]) -> tuple[str, MIAConfig]:
+def parse_config(argv: list[str]) -> tuple[argparse.Namespace, MIAConfig]:
     args, rest = _parser().parse_known_args(argv)
     overrides = dotted_overrides(rest)
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
-                      ("data_dir", "data_dir")):
-        if getattr(args, flag) is not None:
+                      ("data_dir", "data_dir"), ("corpus", "tools.corpus")):
+        if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
-    return args.command, load_config(args.config, overrides)
+    return args, load_config(args.config, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        command, config = parse_config(sys.argv[1:] if argv is None else argv)
+        args, config = parse_config(sys.argv[1:] if argv is None else argv)
+        _check_args(args)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if command == "serve":
+    if args.command == "serve":
         from .serve import serve
 
         serve(config)
+    elif args.command == "index":
+        from .index import build
+
+        print(build(config))
+    else:
+        from . import batch
+
+        rollouts = args.rollouts or (config.agent.num_rollouts if args.command == "ttl"
+                                     else config.agent.num_rollouts_low_latency)
+        common = dict(concurrency=args.concurrency, rollouts=rollouts, limit=args.limit)
+        if args.command == "run":
+            batch.run(config, args.dataset, args.out, **common)
+        else:
+            batch.ttl(config, args.dataset, args.out, epochs=args.epochs, metrics_out=args.metrics_out,
+                      plot=args.plot, **common)
     return 0
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("concurrency", "rollouts", "limit", "epochs"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name}: must be >= 1, got {value}")
+    dataset = getattr(args, "dataset", None)
+    if dataset and not dataset.endswith((".jsonl", ".json", ".parquet")) and dataset != "fanoutqa-dev":
+        raise ConfigError(f"--dataset: expected a .jsonl/.json/.parquet file or fanoutqa-dev, got {dataset!r}")
+    if dataset and dataset != "fanoutqa-dev" and not Path(dataset).is_file():
+        raise ConfigError(f"--dataset: no such file: {dataset}")

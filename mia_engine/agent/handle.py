@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import MIAConfig
+from ..index import index_root
 from ..memory.embedder import Embedder
 from ..server.errors import Unavailable
 from ..tools.image import ImageSearch
@@ -35,8 +36,8 @@ class AgentHandle:
         if tools.embedder != self.config.memory.embedder:
             encoder = await loop.run_in_executor(None, Embedder, tools.embedder)
         if tools.search_backend == "local":
-            index_root = Path(tools.index_dir) if tools.index_dir else self.config.resolved_data_dir() / "tools" / "index"
-            self._search = await loop.run_in_executor(None, LocalSearch.from_config, tools, encoder, index_root)
+            self._search = await loop.run_in_executor(None, LocalSearch.from_config, tools, encoder,
+                                                      index_root(self.config))
         web = WebSearch(tools) if tools.is_web_enabled else None
         image = ImageSearch(tools.image_cache_dir, tools.image_top_k) if tools.image_cache_dir else None
         return Tools(tools, local=self._search, web=web, image=image)

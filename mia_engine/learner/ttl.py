@@ -59,7 +59,8 @@ class TestTimeLearner:
         self._lock = asyncio.Lock()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttl-learner")
         self._tasks: set[asyncio.Task] = set()
-        self._on_update = on_update
+        self.on_update = on_update
+        """Called with every ``UpdateReport`` (metrics, the ttl command's metrics file)."""
         self.reports: list[UpdateReport] = []
 
     def resume_path(self) -> Path | None:
@@ -90,6 +91,14 @@ class TestTimeLearner:
             task = asyncio.ensure_future(self.update([s for g in batch for s in g]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def flush(self) -> None:
+        """Update on a partial batch too, and wait for every update in flight (end of a TTL epoch)."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            await self.update([s for g in batch for s in g])
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def update(self, samples: list[GRPOSample]) -> UpdateReport:
         """One GRPO step, then publish + checkpoint, or reject and keep serving the old version."""
@@ -159,8 +168,8 @@ class TestTimeLearner:
         else:
             log.warning("GRPO update rejected: %s; %s keeps serving v%s", report.reason, self.role,
                         report.adapter_version)
-        if self._on_update is not None:
-            self._on_update(report)
+        if self.on_update is not None:
+            self.on_update(report)
 
     def close(self) -> None:
         for task in self._tasks:

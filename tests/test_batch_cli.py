@@ -1,0 +1,55 @@
+"""``run`` (resumable evaluation) and ``ttl`` (test-time learning) on the tiny model, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEVSET = Path(__file__).resolve().parent.parent / "bench" / "devset_wiki.jsonl"
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MIA_HOME": str(tmp_path / "home")}
+    return subprocess.run([sys.executable, "-m", "mia_engine", *args, "--config", "tiny",
+                           "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_run_is_resumable_and_reports_accuracy(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    first = _cli(tmp_path, "run", "--dataset", str(DEVSET), "--out", str(out), "--limit", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["prediction"] and r["judge_correct"] in (True, False) for r in rows)
+    second = _cli(tmp_path, "run", "--dataset", str(DEVSET), "--out", str(out), "--limit", "3")
+    assert second.returncode == 0, second.stderr[-3000:]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3 and [json.loads(line) for line in lines[:2]] == rows  # the first two were skipped
+    assert "judge accuracy" in second.stdout
+
+
+@pytest.mark.slow
+def test_ttl_writes_metrics_and_a_plot(tmp_path: Path) -> None:
+    metrics, plot = tmp_path / "metrics.jsonl", tmp_path / "curves.png"
+    result = _cli(tmp_path, "ttl", "--dataset", str(DEVSET), "--out", str(tmp_path / "r.jsonl"), "--limit", "4",
+                  "--metrics-out", str(metrics), "--plot", str(plot))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    updates = [r for r in rows if r.get("update")]
+    assert len(updates) == 2  # 4 questions, learner.batch_size = 2
+    assert all({"reward_mean", "loss", "update_seconds", "swap_seconds", "adapter_version"} <= set(u) for u in updates)
+    assert any("judge_accuracy" in r for r in rows)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_dataset_is_a_one_line_error(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "run", "--dataset", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o.jsonl"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"python -m mia_engine: error: --dataset: no such file: "
+                                                  f"{tmp_path / 'missing.jsonl'}"]
