@@ -1,11 +1,13 @@
 """Benchmark of memory retrieval (paper appendix 10 score + top-k per label) on one bucket.
 
 Compares, on the same data in the same run:
-  (a) loop        a per-entry Python loop like the reference implementation: a numpy dot per
-                  entry (conservative: no norms, the embeddings are already normalised), the score
-                  in Python, then ``sorted`` per label. Where the full loop would exceed
-                  ``--loop-budget-s`` it is timed on a prefix of the bucket and scaled linearly
-                  (marked "~"; the loop is O(N) apart from the final sort).
+  (a) loop        a per-entry Python loop like the reference implementation: cosine per entry
+                  in numpy (dot / (‖q‖·‖e‖), ‖q‖ once per query), the score in Python, then
+                  ``sorted`` per label.
+  (a') loop-dot   the same loop with a bare dot product (legal because the embeddings are
+                  normalised): the fastest honest per-entry loop, a lower bound for (a).
+                  Where a full loop would exceed ``--loop-budget-s`` it is timed on a prefix of
+                  the bucket and scaled linearly (marked "~"; O(N) apart from the final sort).
   (b) faiss       faiss.IndexFlatIP over all N entries (search with k = N, because min-max needs
                   every similarity), then the score and top-k rescoring in numpy.
   (b0) faiss-nn   IndexFlatIP top-k search alone: *not* a valid retrieval (ignores min-max, Val,
@@ -111,14 +113,23 @@ def loop_store(bucket: Bucket, num_entries: int | None = None) -> LoopStore:
     )
 
 
+def _cosine(a: np.ndarray, b: np.ndarray, norm_a: float) -> float:
+    norm = norm_a * float(np.linalg.norm(b))
+    return float(np.dot(a, b)) / norm if norm > 0.0 else 0.0  # entries without caption: zero rows
+
+
 def loop_topk(store: LoopStore, query_q: np.ndarray, query_c: np.ndarray | None, k: int,
-              w: ScoreWeights) -> tuple[list[int], list[int]]:
-    """One query: cosine per entry, min-max, Val/Freq, then sort each label. Returns (pos, neg) ids."""
+              w: ScoreWeights, use_cosine: bool) -> tuple[list[int], list[int]]:
+    """One query: similarity per entry, min-max, Val/Freq, then sort each label. Returns (pos, neg) ids."""
+    norm_q = float(np.linalg.norm(query_q))
+    norm_c = 0.0 if query_c is None else float(np.linalg.norm(query_c))
     sims = []
     for i, row_q in enumerate(store.rows_q):
-        sim = float(np.dot(query_q, row_q))
+        sim = _cosine(query_q, row_q, norm_q) if use_cosine else float(np.dot(query_q, row_q))
         if query_c is not None:
-            sim = w.alpha_question * sim + w.alpha_caption * float(np.dot(query_c, store.rows_c[i]))
+            row_c = store.rows_c[i]
+            sim_c = _cosine(query_c, row_c, norm_c) if use_cosine else float(np.dot(query_c, row_c))
+            sim = w.alpha_question * sim + w.alpha_caption * sim_c
         sims.append(sim)
     lo, hi = min(sims), max(sims)
     scored = ([], [])
@@ -130,10 +141,16 @@ def loop_topk(store: LoopStore, query_q: np.ndarray, query_c: np.ndarray | None,
     return [i for _, i in sorted(scored[0])[:k]], [i for _, i in sorted(scored[1])[:k]]
 
 
-def loop_batch(store: LoopStore, bucket: Bucket, k: int) -> list[tuple[list[int], list[int]]]:
+def loop_batch(store: LoopStore, bucket: Bucket, k: int, use_cosine: bool) -> list[tuple[list[int], list[int]]]:
     query_c = bucket.query_c.numpy() if bucket.query_c is not None else None
-    return [loop_topk(store, q, None if query_c is None else query_c[b], k, WEIGHTS)
+    return [loop_topk(store, q, None if query_c is None else query_c[b], k, WEIGHTS, use_cosine)
             for b, q in enumerate(bucket.query_q.numpy())]
+
+
+def loop_ids(store: LoopStore, bucket: Bucket, k: int, use_cosine: bool) -> np.ndarray:
+    """(B, 2, k) ids of the loop, -1 padded like ScoreResult.ids."""
+    return np.array([[pos + [-1] * (k - len(pos)), neg + [-1] * (k - len(neg))]
+                     for pos, neg in loop_batch(store, bucket, k, use_cosine)])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,21 +233,22 @@ def time_call(fn: Callable[[], object], min_total_s: float = 1.0, max_repeats: i
     return STATS[stat](times)
 
 
-def time_loop(bucket: Bucket, k: int, budget_s: float, stat: str) -> tuple[float, bool]:
+def time_loop(bucket: Bucket, k: int, budget_s: float, stat: str, use_cosine: bool) -> tuple[float, bool]:
     """Seconds of the loop over the whole batch; (time, extrapolated?)."""
     num_entries = bucket.keys_q.shape[0]
     probe_n = min(num_entries, 20_000)
     probe = loop_store(bucket, probe_n)
     start = time.perf_counter()
-    loop_batch(probe, bucket, k)
+    loop_batch(probe, bucket, k, use_cosine)
     per_entry = (time.perf_counter() - start) / probe_n
     if per_entry * num_entries <= budget_s:
         store = loop_store(bucket)
-        return time_call(lambda: loop_batch(store, bucket, k), budget_s / 4, max_repeats=5, stat=stat), False
+        run = functools.partial(loop_batch, store, bucket, k, use_cosine)
+        return time_call(run, budget_s / 4, max_repeats=5, stat=stat), False
     subset_n = max(probe_n, int(budget_s / per_entry / 2))
     subset = loop_store(bucket, subset_n)
     start = time.perf_counter()
-    loop_batch(subset, bucket, k)
+    loop_batch(subset, bucket, k, use_cosine)
     return (time.perf_counter() - start) * num_entries / subset_n, True
 
 
@@ -264,11 +282,11 @@ def bench_size(num_entries: int, args: argparse.Namespace, has_captions: bool) -
         row["faiss-nn"] = timed(lambda: faiss_nn_only(store, bucket, args.k))
         agree &= bool(np.array_equal(faiss_topk(store, bucket, args.k), reference.ids.numpy()))
         del store
-    row["loop"], row["loop~"] = time_loop(bucket, args.k, args.loop_budget_s, args.stat)
-    if not row["loop~"]:
-        ids = np.array([[pos + [-1] * (args.k - len(pos)), neg + [-1] * (args.k - len(neg))]
-                        for pos, neg in loop_batch(loop_store(bucket), bucket, args.k)])
-        agree &= bool(np.array_equal(ids, reference.ids.numpy()))
+    for name, use_cosine in (("loop", True), ("loop-dot", False)):
+        row[name], row[name + "~"] = time_loop(bucket, args.k, args.loop_budget_s, args.stat, use_cosine)
+        if not row[name + "~"]:
+            agree &= bool(np.array_equal(loop_ids(loop_store(bucket), bucket, args.k, use_cosine),
+                                         reference.ids.numpy()))
     row["agree"] = agree
     return row
 
@@ -278,18 +296,19 @@ def _ms(seconds: float) -> str:
 
 
 def format_main_table(rows: Sequence[dict], batch: int) -> str:
-    head = ("| N | captions | (a) loop ms | (b) faiss+numpy ms | (b0) faiss-nn ms | torch ref ms | cpu ms "
-            "| cpu fp16 ms | cpu vs (a) | cpu vs (b) | cpu Mentries/s | ids agree |")
+    head = ("| N | captions | (a) loop ms | (a') loop-dot ms | (b) faiss+numpy ms | (b0) faiss-nn ms "
+            "| torch ref ms | cpu ms | cpu fp16 ms | cpu vs (a) | cpu vs (a') | cpu vs (b) | cpu Mentries/s "
+            "| ids agree |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        loop = ("~" if r["loop~"] else "") + _ms(r["loop"])
+        loop, loop_dot = (("~" if r[n + "~"] else "") + _ms(r[n]) for n in ("loop", "loop-dot"))
         faiss_ms = _ms(r["faiss"]) if "faiss" in r else "-"
         nn_ms = _ms(r["faiss-nn"]) if "faiss-nn" in r else "-"
         vs_faiss = f"{r['faiss'] / r['cpu']:.1f}x" if "faiss" in r else "-"
         lines.append(
-            f"| {r['N']:,} | {r['captions']} | {loop} | {faiss_ms} | {nn_ms} | {_ms(r['torch'])} | {_ms(r['cpu'])} "
-            f"| {_ms(r['cpu fp16'])} | {r['loop'] / r['cpu']:.0f}x | {vs_faiss} "
-            f"| {batch * r['N'] / r['cpu'] / 1e6:.0f} | {'yes' if r['agree'] else 'NO'} |")
+            f"| {r['N']:,} | {r['captions']} | {loop} | {loop_dot} | {faiss_ms} | {nn_ms} | {_ms(r['torch'])} "
+            f"| {_ms(r['cpu'])} | {_ms(r['cpu fp16'])} | {r['loop'] / r['cpu']:.0f}x | {r['loop-dot'] / r['cpu']:.0f}x "
+            f"| {vs_faiss} | {batch * r['N'] / r['cpu'] / 1e6:.0f} | {'yes' if r['agree'] else 'NO'} |")
     return "\n".join(lines)
 
 
@@ -310,6 +329,43 @@ def bench_products(sizes: Sequence[int], dim: int, batches: Sequence[int], stat:
                 lambda: _cpu_dot(query, keys),
             )]
             lines.append(f"| {num_entries:,} | {batch} | " + " | ".join(_ms(t) for t in times) + " |")
+    return "\n".join(lines)
+
+
+def _post_torch(sim: torch.Tensor, usage: torch.Tensor, success: torch.Tensor, labels: torch.Tensor,
+                k: int, w: ScoreWeights = WEIGHTS) -> torch.Tensor:
+    """The score-and-select step written with torch ops (the alternative the CPU path rejected)."""
+    sim_min, sim_max = torch.aminmax(sim, dim=1)
+    score = w.lambda_sim * (sim - sim_min[:, None]) / (sim_max - sim_min + w.eps)[:, None]
+    score = score + w.lambda_value * success / (usage + 1) + w.lambda_freq / (usage + 1)
+    is_pos = labels != 0
+    by_label = torch.stack([score.masked_fill(~is_pos, float("-inf")), score.masked_fill(is_pos, float("-inf"))], 1)
+    return torch.topk(by_label.reshape(-1, sim.shape[1]), k + 1, dim=1).indices
+
+
+def _post_numpy(sim: np.ndarray, usage: np.ndarray, success: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """The same step as the CPU path runs it (single-threaded numpy)."""
+    from kernels.memory_score import _mask_by_label, _topk_lowest_index
+
+    w = WEIGHTS
+    score = sim - sim.min(axis=1)[:, None]
+    score /= (sim.max(axis=1) - sim.min(axis=1) + w.eps)[:, None]
+    score *= w.lambda_sim
+    score += w.lambda_value * (success / (usage + 1.0)) + w.lambda_freq * (1.0 / (usage + 1.0))
+    return _topk_lowest_index(_mask_by_label(score, labels).reshape(-1, sim.shape[1]), k)[1]
+
+
+def bench_postprocess(sizes: Sequence[int], batch: int, k: int, stat: str) -> str:
+    """Score + per-label top-k from given Sim (B, N): torch (OpenMP) ops vs the numpy the CPU path uses."""
+    lines = ["| N | B | torch ops ms | numpy (cpu path) ms |", "|---|---|---|---|"]
+    for num_entries in sizes:
+        bucket = make_bucket(num_entries, 8, batch, False)
+        sim = torch.rand(batch, num_entries)
+        args_t = (sim, bucket.usage, bucket.success, bucket.labels, k)
+        args_n = (sim.numpy(), bucket.usage.numpy(), bucket.success.numpy(), bucket.labels.numpy(), k)
+        times = [time_call(lambda: _post_torch(*args_t), 0.5, stat=stat),
+                 time_call(lambda: _post_numpy(*args_n), 0.5, stat=stat)]
+        lines.append(f"| {num_entries:,} | {batch} | " + " | ".join(_ms(t) for t in times) + " |")
     return "\n".join(lines)
 
 
@@ -367,7 +423,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="longest full run of the Python loop before it is timed on a prefix and scaled")
     parser.add_argument("--stat", choices=sorted(STATS), default="median", help="statistic over repeated runs")
     parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
-    parser.add_argument("--no-products", action="store_true", help="skip the product-alternatives table")
+    parser.add_argument("--no-products", action="store_true", help="skip the two alternatives tables")
     return parser.parse_args(argv)
 
 
@@ -390,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.no_products:
         print("\n## Similarity product alternatives (fp32, ms)\n")
         print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
+        print("\n## Score + top-k step alternatives (from Sim, ms)\n")
+        print(bench_postprocess(sizes, args.batch, args.k, args.stat))
     gpu = bench_gpu(dim=args.dim)
     print("\n## GPU (Triton, fp16 keys)\n")
     print(gpu if gpu is not None else "no CUDA device: skipped")
@@ -420,9 +478,10 @@ def test_faiss_flat_ip_rescoring(benchmark: object, bench_bucket: Bucket) -> Non
     assert ids.shape == (1, 2, 4)
 
 
-def test_python_loop(benchmark: object, bench_bucket: Bucket) -> None:
+@pytest.mark.parametrize("use_cosine", [True, False], ids=["cosine", "dot"])
+def test_python_loop(benchmark: object, bench_bucket: Bucket, use_cosine: bool) -> None:
     store = loop_store(bench_bucket)
-    benchmark.pedantic(lambda: loop_batch(store, bench_bucket, 4), rounds=3, iterations=1)
+    benchmark.pedantic(lambda: loop_batch(store, bench_bucket, 4, use_cosine), rounds=3, iterations=1)
 
 
 if __name__ == "__main__":

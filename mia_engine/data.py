@@ -41,7 +41,7 @@ def load_dataset(path_or_name: str, limit: int | None = None) -> list[Question]:
     if not path.is_file():
         raise FileNotFoundError(f"no such dataset file or name: {path_or_name!r} (names: {sorted(NAMED_DATASETS)})")
     questions = []
-    for index, row in enumerate(_rows(path)):
+    for index, row in enumerate(read_rows(path)):
         question = row_question(row, index, base=path.parent)
         if question is not None:
             questions.append(question)
@@ -58,7 +58,8 @@ def named_dataset_path(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
 
 
-def _rows(path: Path) -> Iterator[Any]:
+def read_rows(path: Path) -> Iterator[Any]:
+    """Rows of a .jsonl (one object a line), .json (a list, or {\"data\": [...]}) or .parquet file."""
     if path.suffix == ".parquet":
         yield from _parquet_rows(path)
     elif path.suffix == ".jsonl":

@@ -140,6 +140,10 @@ class AgentConfig(_Frozen):
     """Word limit of a reviewer's reason."""
     structured_executor: bool = True
     """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs)."""
+    force_final_answer: bool = True
+    """With structured outputs, the Executor's last allowed turn may only answer: a trajectory that
+    reaches the turn cap still ends with its best answer instead of none (small models rarely stop
+    searching by themselves); False = the reference's behaviour."""
     min_tool_calls: int = 0
     """With structured outputs, the Executor's first N turns may only call a tool (no answer yet): makes
     small models gather evidence before answering; 0 = the reference's free choice."""

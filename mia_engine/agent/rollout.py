@@ -51,10 +51,11 @@ class RolloutRunner:
         self.tools = tools
         self.config = config
         limits = config.regex
-        self._turn_regexes = {allow: executor_turn_regex(
-            tools.names(), max_think_chars=limits.max_think_chars, max_answer_chars=limits.max_answer_chars,
-            max_query_chars=limits.max_query_chars, max_queries=limits.max_queries, allow_answer=allow)
-            for allow in (True, False)}
+        regex_limits = dict(max_think_chars=limits.max_think_chars, max_answer_chars=limits.max_answer_chars,
+                            max_query_chars=limits.max_query_chars, max_queries=limits.max_queries)
+        self._turn_regexes = {allow: executor_turn_regex(tools.names(), allow_answer=allow, **regex_limits)
+                              for allow in (True, False)}
+        self._answer_regex = executor_turn_regex([], **regex_limits)
 
     async def run(self, question: str, plan_messages: Messages, plan: str, index: int, emit: Emit,
                   data_id: str = "") -> tuple[Trajectory, float, float]:
@@ -85,8 +86,8 @@ class RolloutRunner:
 
     async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
         """Think → tool call or answer, until an answer, a turn without a call, or the turn cap."""
-        for _ in range(max_turns):
-            options = self._turn_options(run)
+        for turn_index in range(max_turns):
+            options = self._turn_options(run, is_last=turn_index == max_turns - 1)
             try:
                 (text,) = await complete(self.client, self.config.roles.executor, run.messages, options)
             except ValueError as err:  # the context is full: the trajectory ends here
@@ -101,9 +102,11 @@ class RolloutRunner:
                 return
             run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
 
-    def _turn_options(self, run: _Run) -> SamplingOptions:
+    def _turn_options(self, run: _Run, *, is_last: bool) -> SamplingOptions:
         regex = None
-        if self.config.structured_executor:
+        if self.config.structured_executor and is_last and self.config.force_final_answer:
+            regex = self._answer_regex
+        elif self.config.structured_executor:
             regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
         return sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)
 

@@ -64,7 +64,7 @@ class AgentChat:
             raise BadRequest(f"rollouts = {rollouts} is more than this server allows ({self.config.max_n}).",
                              param="rollouts")
         truth = [request.ground_truth] if isinstance(request.ground_truth, str) else request.ground_truth
-        return ResearchRequest(question, truth, rollouts, request.learn, request.user or "")
+        return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "")
 
     async def complete(self, request: ChatCompletionRequest, research: ResearchRequest) -> bytes:
         start = time.perf_counter()

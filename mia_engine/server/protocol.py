@@ -64,6 +64,8 @@ class ChatCompletionRequest(msgspec.Struct):
     """Judge, reward and store experience from this question (test-time learning)."""
     return_trace: bool = False
     """Include every rollout's turns and observations in the ``mia`` object."""
+    data_id: str | None = None
+    """The question's key in the image-search cache (``tools.image_cache_dir``)."""
 
 
 class TopLogprobOut(msgspec.Struct):

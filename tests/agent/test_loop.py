@@ -26,6 +26,7 @@ class FakeClient:
 
     script: Script
     calls: list[tuple[str, str]] = field(default_factory=list)
+    options: list[tuple[str, SamplingOptions]] = field(default_factory=list)
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
         self._last = (model, messages[-1]["content"])
@@ -38,6 +39,7 @@ class FakeClient:
                        stream: bool) -> AsyncIterator[list[CompletionDelta]]:
         model, prompt = self._last
         self.calls.append((model, prompt))
+        self.options.append((model, options))
         yield [CompletionDelta(i, self.script(model, prompt, options), 1) for i in range(options.n)]
 
 
@@ -147,3 +149,14 @@ async def test_g_plans_route_judge_reward_and_consolidate() -> None:
     assert all(abs(r.reward - (0.7 * 1 + 0.2 * 1 + 0.05 * 1 + 0.05 * 1)) < 1e-9 for r in result.rollouts)
     assert all(r.advantage == 0.0 for r in result.rollouts)  # equal rewards: no learning signal
     assert len(memory.consolidated) == 1 and len(memory.consolidated[0]) == 1  # shortest success only
+
+
+async def test_last_turn_may_only_answer_and_first_turns_must_search() -> None:
+    agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=3, max_replans=0,
+                                  min_tool_calls=1)
+    await agent.research(ResearchRequest("q"))
+    regexes = [o.regex for m, o in client.options if m == "executor"]
+    assert len(regexes) == 3
+    assert "<answer>" not in regexes[0] and "<tool_call>" in regexes[0]  # must gather evidence first
+    assert "<tool_call>" in regexes[1] and "<answer>" in regexes[1]
+    assert "<tool_call>" not in regexes[2] and "<answer>" in regexes[2]  # the turn cap: answer now

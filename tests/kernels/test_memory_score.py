@@ -155,6 +155,14 @@ def test_cpu_path_matches_reference(case: tuple[dict, int]) -> None:
     assert_same_result(memory_topk(**bucket, k=k, weights=WEIGHTS), want)  # "auto" on CPU
 
 
+@pytest.mark.parametrize("batch", [1, 5, 17])  # the three product shapes the CPU path picks from
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cpu_path_larger_buckets(batch: int, dtype: torch.dtype) -> None:
+    bucket = make_bucket(20_011, 384, batch=batch, dtype=dtype, seed=batch)
+    want = memory_topk_ref(**bucket, k=8, weights=WEIGHTS)
+    assert_same_result(memory_topk(**bucket, k=8, weights=WEIGHTS, backend="cpu"), want)
+
+
 @pytest.mark.parametrize("block_score", [16, 32])
 def test_triton_multi_level_merge(run_triton: Any, block_score: int) -> None:
     """Small pass-2 blocks force candidates through one or more merge levels."""
