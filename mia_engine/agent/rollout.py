@@ -90,8 +90,8 @@ class RolloutRunner:
             options = self._turn_options(run, is_last=turn_index == max_turns - 1)
             try:
                 (text,) = await complete(self.client, self.config.roles.executor, run.messages, options)
-            except ValueError as err:  # the context is full: the trajectory ends here
-                emit("context_full", {"rollout": index, "detail": str(err)})
+            except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
+                emit("executor_stopped", {"rollout": index, "detail": str(err)})
                 return
             turn = parse_executor_turn(text)
             run.turns.append(turn)

@@ -46,8 +46,8 @@ def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_
 def test_research_streams_one_chunk_per_stage(openai_client: OpenAI) -> None:
     chunks = list(openai_client.chat.completions.create(model="mia", messages=QUESTION, stream=True))
     stages = [c.model_extra["mia"]["stage"] for c in chunks if c.model_extra.get("mia") and "stage" in c.model_extra["mia"]]
-    assert stages[:2] == ["plans", "plan_chosen"]
-    assert "tool_call" in stages and "observation" in stages and "answer" in stages
+    assert stages[:2] == ["plans", "plan_chosen"], stages
+    assert "tool_call" in stages and "observation" in stages and "answer" in stages, stages
     progress = [c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks if c.choices]
     assert any(p and "tool_call" in p for p in progress)
     final = [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
