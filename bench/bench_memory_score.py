@@ -423,6 +423,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="longest full run of the Python loop before it is timed on a prefix and scaled")
     parser.add_argument("--stat", choices=sorted(STATS), default="median", help="statistic over repeated runs")
     parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
+    parser.add_argument("--no-main", action="store_true", help="skip the main (baselines) table")
     parser.add_argument("--no-products", action="store_true", help="skip the two alternatives tables")
     return parser.parse_args(argv)
 
@@ -437,12 +438,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# memory_topk benchmark: d={args.dim}, B={args.batch}, k={args.k} per label, "
           f"{args.threads} threads, torch {torch.__version__}, fp32 keys unless noted, {args.stat} ms\n")
-    rows = []
-    for has_captions in [c.strip() == "yes" for c in args.captions.split(",")]:
-        for num_entries in sizes:
-            rows.append(bench_size(num_entries, args, has_captions))
-            print(f"done N={num_entries:,} captions={has_captions}", file=sys.stderr, flush=True)
-    print(format_main_table(rows, args.batch))
+    if not args.no_main:
+        rows = []
+        for has_captions in [c.strip() == "yes" for c in args.captions.split(",")]:
+            for num_entries in sizes:
+                rows.append(bench_size(num_entries, args, has_captions))
+                print(f"done N={num_entries:,} captions={has_captions}", file=sys.stderr, flush=True)
+        print(format_main_table(rows, args.batch))
     if not args.no_products:
         print("\n## Similarity product alternatives (fp32, ms)\n")
         print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))

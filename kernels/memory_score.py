@@ -79,8 +79,8 @@ _UPCAST_BLOCK_ROWS = 16384
 the per-block call overhead stays small, small enough not to double the memory of the keys."""
 _NUMPY_MIN_BATCH = 16
 """From this many queries up, numpy's GEMM beat torch's on CPU (see ``_blas_dot``)."""
-_THREADED_GEMV_MIN_ELEMENTS = 1 << 22
-"""N·d from which a single-query product uses the threaded BLAS (16 MB of fp32 keys)."""
+_THREADED_GEMV_MIN_ELEMENTS = 1 << 21
+"""N·d from which a single-query product uses the threaded BLAS (8 MB of fp32 keys)."""
 
 
 def memory_topk(
@@ -299,9 +299,10 @@ def _blas_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     Measured on the 2-core AMD EPYC dev box (bench/RESULTS_memory_score.md), 100k×384 keys,
     quiet machine: B = 1: numpy (OpenBLAS) sgemv 3.2 ms vs torch (MKL) 11 ms, whose sgemv runs
     one thread; B = 2..8: torch ``keys @ query.T`` 3.9-7.5 ms vs numpy 10-15 ms; B >= 16: numpy
-    ``query @ keys.T`` 13-30 ms vs torch 16-55 ms. A single query against a cache-sized bucket
-    stays on MKL's one thread: 0.2 ms at 10k either way, but OpenBLAS's threaded call took 4 ms
-    when another process held the second core (waiting a scheduler slice for its thread).
+    ``query @ keys.T`` 13-30 ms vs torch 16-55 ms. A single query against a small bucket (under
+    8 MB of keys, ~5k entries at d=384) stays on MKL's one thread: OpenBLAS's threads save under
+    0.1 ms there, but its call took ~4 ms (a scheduler slice) when another process held the other
+    core. From ~10k entries (two 15 MB matrices with captions) the threads win by 3x.
     """
     batch = query.shape[0]
     if batch == 1 and keys.numel() < _THREADED_GEMV_MIN_ELEMENTS:
