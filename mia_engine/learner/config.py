@@ -24,6 +24,11 @@ def _require(condition: bool, message: str) -> None:
 class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How the Planner's LoRA adapter is updated between batches of judged rollouts."""
 
+    num_threads: int = 1
+    """Torch intra-op threads of the serving process once the learner is loaded (0 = leave torch's
+    default). On a CPU box the learner shares cores with the vLLM worker: one thread kept chat p99 under
+    updates much steadier than two on 2 cores (bench/RESULTS.md). torch's pool is per process, so the
+    sentence encoder gets the same budget."""
     batch_size: int = 32
     """Questions (rollout groups of G) gathered per GRPO update of online test-time learning (paper: 32)."""
     device: str = "cpu"
@@ -69,6 +74,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         _require(bool(self.device.strip()), "learner.device must not be empty")
         _require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
         _require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
         _require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
         _require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 
 from ..engines.adapters import AdapterError, AdapterRegistry
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
@@ -73,6 +74,8 @@ class TestTimeLearner:
         if current is None:
             raise AdapterError(f"role {self.role!r} has no adapter to learn")
         loop = asyncio.get_running_loop()
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
         self._learner = await loop.run_in_executor(self._thread, PlannerLearner, base_dir, current.path, self.config)
         if self.checkpoints.latest_version() is None:  # the starting point is the first rollback target
             await loop.run_in_executor(self._thread, self.checkpoints.save, 0, current.path)
