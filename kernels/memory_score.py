@@ -33,7 +33,12 @@ lets the GPU use tensor cores at 1M×384) and every product is accumulated in fp
 
 Backends: "torch" is the plain reference (:mod:`kernels.memory_score_ref`); "cpu" is the fast
 vectorised CPU path; "triton" is the fused kernel; "auto" takes "triton" for CUDA tensors and
-"cpu" otherwise ("cpu" beat "torch" at every size measured, see bench/RESULTS_memory_score.md).
+"cpu" otherwise ("cpu" was 4-8x faster than "torch" from 10k entries up and within 0.01 ms of it
+at 1k; bench/RESULTS.md, section 3).
+
+Numerics: if every Sim in a bucket is equal up to rounding, max − min is ~1e-7 and eps = 1e-8
+does not damp it, so Ŝ magnifies last-bit differences into [0, 1]; backends summing in another
+order may then rank such entries differently. That is the paper's formula, not a kernel bug.
 
 Triton kernel structure (each embedding row is read exactly once):
     pass 1 ``_sim_kernel``: one program per block of BLOCK_N entries computes Sim for all B
@@ -214,7 +219,7 @@ def memory_topk_cpu(
     single-threaded numpy on B·N similarities, on purpose: torch's OpenMP-parallel elementwise
     ops lost to it at every size measured, by 10-30x on the busy 2-core box, where a parallel
     region waits for a descheduled thread, and alternating OpenMP with OpenBLAS's spinning
-    threads made it worse (bench/RESULTS_memory_score.md). Arithmetic follows the reference
+    threads made it worse (bench/RESULTS.md, section 3). Arithmetic follows the reference
     operation by operation in fp32, so given the same Sim the scores match it bit for bit.
     """
     batch, num_entries = query_q.shape[0], keys_q.shape[0]
@@ -296,7 +301,7 @@ def _cpu_dot(query: Tensor, keys: Tensor) -> np.ndarray:
 def _blas_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     """(B, d) fp32 · (N, d)ᵀ fp32 -> (B, N), through the BLAS call measured fastest per shape.
 
-    Measured on the 2-core AMD EPYC dev box (bench/RESULTS_memory_score.md), 100k×384 keys,
+    Measured on the 2-core AMD EPYC dev box (bench/RESULTS.md, section 3), 100k×384 keys,
     quiet machine: B = 1: numpy (OpenBLAS) sgemv 3.2 ms vs torch (MKL) 11 ms, whose sgemv runs
     one thread; B = 2..8: torch ``keys @ query.T`` 3.9-7.5 ms vs numpy 10-15 ms; B >= 16: numpy
     ``query @ keys.T`` 13-30 ms vs torch 16-55 ms. A single query against a small bucket (under
