@@ -30,6 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import launch_mia  # noqa: E402
+from bench.stats import percentile  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.engines.protocol import CompletionDelta, SamplingOptions  # noqa: E402
@@ -125,7 +126,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         await memory.close()
         await ours.stop()
     summary = {k: {"questions_per_s": statistics.median(v["qps"]), "p50_s": statistics.median(v["lat"]),
-                   "p99_s": sorted(v["lat"])[min(len(v["lat"]) - 1, round(0.99 * (len(v["lat"]) - 1)))]}
+                   "p99_s": percentile(v["lat"], 0.99)}
                for k, v in results.items()}
     for learn in ("off", "on"):
         summary[f"speedup/learn={learn}"] = (summary[f"ours/learn={learn}"]["questions_per_s"]

@@ -24,6 +24,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import Server, launch_mia, launch_vllm  # noqa: E402
+from bench.stats import percentile  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import adapter_dir, model_dir  # noqa: E402
@@ -55,11 +56,6 @@ async def burst_run(url: str, model: str, concurrency: int, max_tokens: int) -> 
         results = await asyncio.gather(*(_chat(client, url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
                                          for i in range(concurrency)))
         return time.perf_counter() - start, sum(r[1] for r in results)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def measure(servers: dict[str, tuple[Server, str]], args: argparse.Namespace) -> dict:

@@ -24,6 +24,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import launch_mia  # noqa: E402
+from bench.stats import percentile  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a plan to find the year the oldest university was founded."}]
 
@@ -57,11 +58,6 @@ async def updates(client: httpx.AsyncClient, num_updates: int) -> list[dict]:
     return reports
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
 async def main_async(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mia-ttl-bench-"))
     server = launch_mia(tmp, "tiny")
@@ -86,9 +82,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         server.stop()
     published = [r for r in reports if r.get("is_published")]
     return {
-        "idle_p50_ms": statistics.median(idle) * 1e3, "idle_p99_ms": p99(idle) * 1e3,
-        "updating_p50_ms": statistics.median(busy) * 1e3, "updating_p99_ms": p99(busy) * 1e3,
-        "p99_ratio": p99(busy) / p99(idle), "failures": failures,
+        "idle_p50_ms": statistics.median(idle) * 1e3, "idle_p99_ms": percentile(idle, 0.99) * 1e3,
+        "updating_p50_ms": statistics.median(busy) * 1e3, "updating_p99_ms": percentile(busy, 0.99) * 1e3,
+        "p99_ratio": percentile(busy, 0.99) / percentile(idle, 0.99), "failures": failures,
         "updates": len(reports), "published": len(published),
         "step_s_median": statistics.median(r["step"]["step_seconds"] for r in published) if published else None,
         "swap_ms_median": statistics.median(r["publish_seconds"] for r in published) * 1e3 if published else None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.servers import free_port
+
 API_KEY = "test-key"
 START_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
