@@ -314,7 +314,8 @@ def format_main_table(rows: Sequence[dict], batch: int) -> str:
 
 def bench_products(sizes: Sequence[int], dim: int, batches: Sequence[int], stat: str) -> str:
     """The similarity-product alternatives behind the CPU path's choice (fp32, ms)."""
-    lines = ["| N | B | numpy q@Kᵀ | torch q@Kᵀ | torch (K@qᵀ)ᵀ | chosen (cpu path) |", "|---|---|---|---|---|---|"]
+    lines = ["| N | B | numpy q@Kᵀ | torch q@Kᵀ | torch (K@qᵀ)ᵀ | chosen (cpu path) |",
+             "|---|---|---|---|---|---|"]
     # "chosen" is what kernels.memory_score._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
     from kernels.memory_score import _cpu_dot
 
@@ -379,7 +380,8 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
     copy_s = _cuda_time(lambda: dst.copy_(src))
     bandwidth = 2 * src.nbytes / copy_s  # read + write bytes per second
     del src, dst
-    lines = ["| N | B | captions | triton ms | floor ms | % of floor | effective GB/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| N | B | captions | triton ms | floor ms | % of floor | effective GB/s |",
+             "|---|---|---|---|---|---|---|"]
     for has_captions in (False, True):
         bucket = make_bucket(num_entries, dim, max(batches), has_captions)
         on_gpu = {name: (t.to(device).half() if t.is_floating_point() and t.dim() == 2 else t.to(device))
@@ -390,7 +392,8 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
                       "has_caption": None if on_gpu["has_caption"] is None else on_gpu["has_caption"][:batch]}
             seconds = _cuda_time(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"))
             # Embeddings once, the per-entry vectors once, Sim written then read back once.
-            num_bytes = (2 if has_captions else 1) * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
+            num_matrices = 2 if has_captions else 1
+            num_bytes = num_matrices * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
             floor = num_bytes / bandwidth
             lines.append(f"| {num_entries:,} | {batch} | {'yes' if has_captions else 'no'} | {seconds * 1e3:.3f} "
                          f"| {floor * 1e3:.3f} | {100 * floor / seconds:.0f}% | {num_bytes / seconds / 1e9:.0f} |")

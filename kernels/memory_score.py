@@ -33,8 +33,8 @@ lets the GPU use tensor cores at 1M×384) and every product is accumulated in fp
 
 Backends: "torch" is the plain reference (:mod:`kernels.memory_score_ref`); "cpu" is the fast
 vectorised CPU path; "triton" is the fused kernel; "auto" takes "triton" for CUDA tensors and
-"cpu" otherwise ("cpu" was 4-8x faster than "torch" from 10k entries up and within 0.01 ms of it
-at 1k; bench/RESULTS.md, section 3).
+"cpu" otherwise ("cpu" was 3-5x faster than "torch" from 10k entries up and within 0.015 ms of
+it at 1k; bench/RESULTS.md, section 3).
 
 Numerics: if every Sim in a bucket is equal up to rounding, max − min is ~1e-7 and eps = 1e-8
 does not damp it, so Ŝ magnifies last-bit differences into [0, 1]; backends summing in another
@@ -216,10 +216,10 @@ def memory_topk_cpu(
     """Vectorised CPU scoring: one BLAS product per embedding matrix, then (B, N) numpy work.
 
     The product streams N·d embeddings and sets the latency. Everything after it is
-    single-threaded numpy on B·N similarities, on purpose: torch's OpenMP-parallel elementwise
-    ops lost to it at every size measured, by 10-30x on the busy 2-core box, where a parallel
-    region waits for a descheduled thread, and alternating OpenMP with OpenBLAS's spinning
-    threads made it worse (bench/RESULTS.md, section 3). Arithmetic follows the reference
+    single-threaded numpy on B·N similarities, on purpose: torch's OpenMP-parallel ops for the
+    same step lost at every size measured, by 1.2-1.6x on the quiet 2-core box and by up to 300x
+    (0.5 ms vs 150-200 ms at 100k) while other processes held the cores, where a parallel region
+    waits for a descheduled thread (bench/RESULTS.md, section 3). Arithmetic follows the reference
     operation by operation in fp32, so given the same Sim the scores match it bit for bit.
     """
     batch, num_entries = query_q.shape[0], keys_q.shape[0]

@@ -96,19 +96,11 @@ def memory_topk_ref(
     k_eff = min(k, num_entries)
     if k_eff == 0 or batch == 0:
         return empty_result(batch, k_eff, query_q.device)
-
-    # The query is rounded to the keys' dtype (fp16 keys -> fp16 dots), products summed in fp32.
-    cos_q = query_q.to(keys_q.dtype).float() @ keys_q.float().T  # (B, N)
-    cos_c = torch.zeros_like(cos_q)  # (B, N); entries without caption have zero keys
-    if keys_c is not None and query_c is not None:
-        cos_c = query_c.to(keys_c.dtype).float() @ keys_c.float().T  # (B, N)
-    sim_captioned = weights.alpha_question * cos_q + weights.alpha_caption * cos_c
-    sim = torch.where(is_captioned[:, None], sim_captioned, cos_q)  # (B, N)
+    sim = reference_sim(query_q, query_c, is_captioned, keys_q, keys_c, weights)  # (B, N)
 
     sim_min = sim.min(dim=1, keepdim=True).values  # (B, 1), over the whole bucket
     sim_max = sim.max(dim=1, keepdim=True).values  # (B, 1)
     sim_norm = (sim - sim_min) / (sim_max - sim_min + weights.eps)  # (B, N)
-
     usage = usage.float()
     value = success.float() / (usage + 1.0)  # (N,)
     freq = 1.0 / (usage + 1.0)  # (N,)
@@ -129,3 +121,20 @@ def memory_topk_ref(
         result.value[:, label_slot, :n] = value[top]
         result.freq[:, label_slot, :n] = freq[top]
     return result
+
+
+def reference_sim(
+    query_q: Tensor,
+    query_c: Tensor | None,
+    is_captioned: Tensor,
+    keys_q: Tensor,
+    keys_c: Tensor | None,
+    weights: ScoreWeightsLike,
+) -> Tensor:
+    """Raw Sim (B, N). The query is rounded to the keys' dtype, the products summed in fp32."""
+    cos_q = query_q.to(keys_q.dtype).float() @ keys_q.float().T  # (B, N)
+    cos_c = torch.zeros_like(cos_q)  # (B, N); entries without caption have zero keys
+    if keys_c is not None and query_c is not None:
+        cos_c = query_c.to(keys_c.dtype).float() @ keys_c.float().T  # (B, N)
+    sim_captioned = weights.alpha_question * cos_q + weights.alpha_caption * cos_c
+    return torch.where(is_captioned[:, None], sim_captioned, cos_q)  # (B, N)
