@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import launch_mia  # noqa: E402
-from bench.stats import percentile  # noqa: E402
+from bench.stats import percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.engines.protocol import CompletionDelta, SamplingOptions  # noqa: E402
@@ -141,12 +140,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    summary = asyncio.run(main_async(args))
-    print(json.dumps(summary, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary},
-                                       indent=2))
+    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import launch_mia  # noqa: E402
-from bench.stats import percentile  # noqa: E402
+from bench.stats import percentile, report  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a plan to find the year the oldest university was founded."}]
 
@@ -100,11 +99,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="GRPO updates published per busy phase")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    summary = asyncio.run(main_async(args))
-    print(json.dumps(summary, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=2))
+    report(asyncio.run(main_async(args)), args.out)
 
 
 if __name__ == "__main__":

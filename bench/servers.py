@@ -19,6 +19,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM (the server shuts its engines down), then SIGKILL if it has not exited in time."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @dataclass
 class Server:
     name: str
@@ -27,12 +37,7 @@ class Server:
     log_path: Path
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
     def wait_ready(self, timeout_s: float = 900) -> None:
         deadline = time.monotonic() + timeout_s

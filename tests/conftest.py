@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.servers import free_port
+from bench.servers import free_port, stop_process
 
 API_KEY = "test-key"
 START_TIMEOUT_S = 600
@@ -72,12 +72,7 @@ def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None
 
 
 def stop_server(server: ServerHandle) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+    stop_process(server.process)
 
 
 @pytest.fixture(scope="session")
