@@ -8,7 +8,8 @@
 * reference topology: the same research loop and components deployed the way the reference runs
   them: every LLM call is an HTTP request to an OpenAI server (our server, in its own process, on
   the same tiny model), one question at a time, the G rollouts one after another, one search per
-  call (no batching). Memory stays in-process (the reference's /memory service is an HTTP hop too, so
+  call (no batching). Its requests carry the same structured-output constraints (vLLM's
+  ``structured_outputs`` extension), so both sides write the same kind of turns. Memory stays in-process (the reference's /memory service is an HTTP hop too, so
   this flatters the baseline slightly).
 Both use configs/tiny.toml, alternate round by round, and answer the same questions.
 """
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.servers import launch_mia  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
+from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.engines.protocol import CompletionDelta, SamplingOptions  # noqa: E402
 from mia_engine.memory.service import MemoryService  # noqa: E402
@@ -49,30 +51,59 @@ class HttpRoles:
         self._next = 0
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+        return [self._keep(messages)]  # the server renders; we only pass a handle along
+
+    async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
+        return [*ids, self._keep([*self._messages[ids[-1]], {"role": "user", "content": user_text}])]
+
+    def _keep(self, messages: list[dict[str, str]]) -> int:
         self._next += 1
-        self._messages[self._next] = messages  # the server renders; we only pass a handle along
-        return [self._next]
+        self._messages[self._next] = messages
+        return self._next
 
     def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
         return requested or 256
 
     async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                        stream: bool):
-        body: dict[str, Any] = {"model": model, "messages": self._messages.pop(prompt_ids[0]), "n": options.n,
+        messages = self._messages[prompt_ids[-1]]
+        body: dict[str, Any] = {"model": model, "messages": messages, "n": options.n,
                                 "max_tokens": options.max_tokens, "stop": options.stop or None}
         if options.temperature is not None:
             body["temperature"] = options.temperature
+        if options.regex is not None:  # the same constrained turns as ours: the same work per question
+            body["structured_outputs"] = {"regex": options.regex}
+        elif options.json_schema is not None:
+            body["structured_outputs"] = {"json": options.json_schema}
         response = await self.client.post("/v1/chat/completions", json=body)
         response.raise_for_status()
-        yield [CompletionDelta(c["index"], c["message"]["content"] or "", 0) for c in response.json()["choices"]]
+        texts = [(c["index"], c["message"]["content"] or "") for c in response.json()["choices"]]
+        # a handle per completion stands in for its tokens, so the Planner's conversation can continue
+        yield [CompletionDelta(i, text, 0, token_ids=[self._keep([*messages, {"role": "assistant", "content": text}])])
+               for i, text in texts]
 
 
 class SequentialAgent(ResearchAgent):
-    """Rollouts one after another (the reference's loop), instead of concurrently."""
+    """The reference's loop: one question at a time, and its G rollouts one after another."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._one_question = asyncio.Semaphore(1)
+        self.runner = SequentialRunner(self.runner.client, self.runner.tools, self.runner.config)
 
     async def research(self, request: ResearchRequest, emit=None):
-        async with self._one_at_a_time:
+        async with self._one_question:
             return await super().research(request, emit)
+
+
+class SequentialRunner(RolloutRunner):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._one_rollout = asyncio.Semaphore(1)
+
+    async def run(self, *args: Any, **kwargs: Any):
+        async with self._one_rollout:
+            return await super().run(*args, **kwargs)
 
 
 async def run_questions(agent: ResearchAgent, questions: list[str], *, learn: bool, concurrent: bool,
@@ -105,7 +136,6 @@ async def main_async(args: argparse.Namespace) -> dict:
     search = LocalSearch.from_config(base_config.tools, ours.encoders[0], tmp / "baseline-index", progress=False)
     baseline = SequentialAgent(HttpRoles(server.base_url, 4096), memory, Tools(base_config.tools, local=search),
                                base_config.agent)
-    baseline._one_at_a_time = asyncio.Semaphore(1)
     questions = [f"Question {i}: which river flows through the capital city number {i}?" for i in range(args.questions)]
     results: dict[str, dict[str, list]] = {}
     try:

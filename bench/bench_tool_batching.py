@@ -7,6 +7,8 @@ into ``--cache-dir`` and reused), times ``--num-queries`` searches (top-3) three
   queued      all callers concurrent, ``batch_wait_ms`` = 0: merges only what is already queued
   one-by-one  sequential awaits of single-query calls with ``batch_wait_ms`` = 0 (the reference's
               one request per query, minus its HTTP hop)
+  reference   the reference's topology: the same search as a service in its own process
+              (``retrieval_service.py``), one HTTP POST per query, one after another
 and checks that every mode returns the same passages. Modes run interleaved, round after round,
 so load from other processes hits them alike. Prints a markdown table.
 
@@ -21,15 +23,22 @@ import os
 import platform
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.servers import free_port, launch  # noqa: E402
 
 from mia_engine.memory.config import EmbedderConfig  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
-from mia_engine.tools.corpus import WIKI_OFFLINE, build_index, load_corpus  # noqa: E402
+from mia_engine.tools.corpus import WIKI_OFFLINE, Passage, build_index, load_corpus  # noqa: E402
 from mia_engine.tools.search import LocalSearch, embedder_name  # noqa: E402
 
 TOP_K = 3
@@ -66,9 +75,24 @@ async def one_by_one(search: LocalSearch, queries: list[str]) -> list[list[str]]
     return [[p.title for p in (await search.search([q], TOP_K))[0]] for q in queries]
 
 
-async def run_once(search: LocalSearch, encoder: CountingEncoder, run: Callable[..., Awaitable],
+class HttpSearch:
+    """The retrieval service over HTTP, one POST per ``search`` call (the reference's tool call)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=120)
+
+    async def search(self, queries: list[str], top_k: int) -> list[list[Passage]]:
+        response = await self.client.post("/retrieve", json={"queries": queries, "topk": top_k})
+        response.raise_for_status()
+        return [[Passage(p["title"], p["text"]) for p in r] for r in response.json()["result"]]
+
+    def close(self) -> None:
+        pass
+
+
+async def run_once(search: LocalSearch | HttpSearch, encoder: CountingEncoder, run: Callable[..., Awaitable],
                    queries: list[str]) -> tuple[float, int, list[list[str]]]:
-    """(seconds, encoder forwards, titles) of one run of one mode."""
+    """(seconds, encoder forwards in this process, titles) of one run of one mode."""
     encoder.num_forwards = 0
     start = time.perf_counter()
     titles = await run(search, queries)
@@ -83,8 +107,14 @@ async def bench(args: argparse.Namespace) -> None:
     build_s = time.perf_counter() - start
     queries = make_queries([p.title for p in corpus.passages], args.num_queries)
     encoder = CountingEncoder(embedder)
-    modes = [("batched", args.batch_wait_ms, batched), ("queued", 0.0, batched), ("one-by-one", 0.0, one_by_one)]
-    searches = [LocalSearch(folder, encoder, batch_wait_ms=wait_ms) for _, wait_ms, _ in modes]
+    service = launch("retrieval_service", [sys.executable, str(Path(__file__).parent / "retrieval_service.py"),
+                                           "--index", str(folder), "--port", str(port := free_port())],
+                     Path(tempfile.mkdtemp(prefix="mia-retrieval-")), port)
+    await asyncio.to_thread(service.wait_ready)
+    modes = [("batched", args.batch_wait_ms, batched), ("queued", 0.0, batched),
+             ("reference (HTTP service)", 0.0, one_by_one), ("one-by-one", 0.0, one_by_one)]
+    searches = [LocalSearch(folder, encoder, batch_wait_ms=wait_ms) for _, wait_ms, _ in modes[:2]]
+    searches += [HttpSearch(service.base_url), LocalSearch(folder, encoder, batch_wait_ms=0.0)]
     seconds: list[list[float]] = [[] for _ in modes]
     forwards, titles = [0] * len(modes), [[]] * len(modes)
     try:
@@ -96,10 +126,11 @@ async def bench(args: argparse.Namespace) -> None:
     finally:
         for search in searches:
             search.close()
+        service.stop()
     batch_s, singles_s = encoder_floor(embedder, queries, args.repeats)
     embedder.close()
     rows = [(name, wait, forwards[i], seconds[i], titles[i] == titles[0]) for i, (name, wait, _) in enumerate(modes)]
-    print_table(rows, len(queries), len(corpus.passages), build_s, folder)
+    print_table(rows, len(queries), len(corpus.passages), build_s, folder, baselines=("one-by-one", "reference (HTTP service)"))
     print(f"\nencoder alone (no search, medians): one {len(queries)}-query forward {batch_s * 1e3:.1f} ms, "
           f"{len(queries)} single-query forwards {singles_s * 1e3:.1f} ms -> merging saves at most "
           f"{singles_s / batch_s:.1f}x of the encoder time")
@@ -120,21 +151,24 @@ def _seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def print_table(rows, num_queries: int, num_passages: int, build_s: float, folder) -> None:
-    """Medians over the rounds; the speed-up is the median of per-round ratios (same round, same load)."""
-    baseline = rows[-1][3]
+def print_table(rows, num_queries: int, num_passages: int, build_s: float, folder, baselines: tuple[str, ...]) -> None:
+    """Medians over the rounds; a speed-up is the median of per-round ratios (same round, same load)."""
+    times = {name: seconds for name, _, _, seconds, _ in rows}
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\n{num_queries} searches (top-{TOP_K}) on {num_passages} passages, {len(baseline)} interleaved rounds; "
+    print(f"\n{num_queries} searches (top-{TOP_K}) on {num_passages} passages, {len(rows[0][3])} interleaved rounds; "
           f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {load}; index {folder.name} "
           f"(ready in {build_s:.1f} s)\n")
-    print("| mode | batch_wait_ms | encoder forwards | wall ms (median) | ms / query | speed-up vs one-by-one "
-          "(median, min-max) | same results |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | batch_wait_ms | encoder forwards here | wall ms (median) | ms / query | "
+          + " | ".join(f"speed-up vs {b} (median, min-max)" for b in baselines) + " | same results |")
+    print("|---" * (6 + len(baselines)) + "|")
     for name, wait_ms, forwards, seconds, same in rows:
-        ratios = [b / s for b, s in zip(baseline, seconds)]
+        cells = []
+        for baseline in baselines:
+            ratios = [b / s for b, s in zip(times[baseline], seconds)]
+            cells.append(f"{statistics.median(ratios):.1f}× ({min(ratios):.1f}-{max(ratios):.1f})")
         median = statistics.median(seconds)
-        print(f"| {name} | {wait_ms:g} | {forwards} | {median * 1e3:.1f} | {median * 1e3 / num_queries:.2f} "
-              f"| {statistics.median(ratios):.1f}× ({min(ratios):.1f}-{max(ratios):.1f}) | {'yes' if same else 'NO'} |")
+        print(f"| {name} | {wait_ms:g} | {forwards} | {median * 1e3:.1f} | {median * 1e3 / num_queries:.2f} | "
+              + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
 
 
 def main() -> None:

@@ -78,6 +78,8 @@ class EngineConfig(_Frozen):
     """Reuse KV blocks of shared prompt prefixes (G plans of one question share the prompt)."""
     max_num_seqs: int = 256
     """Sequences decoded together in one step."""
+    max_num_batched_tokens: int = 0
+    """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
     enable_lora: bool = True
     """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
     max_lora_rank: int = 16
@@ -88,6 +90,19 @@ class EngineConfig(_Frozen):
     """Adapters cached in host memory (old versions being drained count)."""
     seed: int = 0
     """Engine seed (per-request ``seed`` still decides a request's sampling)."""
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
+    """vLLM's structured-outputs backend (regex / JSON-schema constrained requests)."""
+    compact_json: bool = False
+    """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
+    newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
+    cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
+    """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
+    or vLLM's own per-token gather. No effect on GPU."""
+    executor_backend: Literal["auto", "uni", "mp"] = "auto"
+    """Where the model runs inside the engine process: ``uni`` in the engine-core process itself, ``mp``
+    in worker processes. ``auto`` = ``uni`` on CPU with one replica (vLLM's ``mp`` adds a worker process
+    whose shared-memory queue busy-waits, taking a core from the model on small machines), else vLLM's
+    default."""
 
 
 class SamplingDefaults(_Frozen):
@@ -244,6 +259,8 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
         raise ConfigError(f"{prefix}.gpu_memory_utilization: must be in (0, 1]")
     if engine.max_cpu_loras < engine.max_loras:
         raise ConfigError(f"{prefix}.max_cpu_loras: must be >= max_loras ({engine.max_loras})")
+    if engine.compact_json and engine.structured_outputs_backend not in ("xgrammar", "guidance"):
+        raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     if engine.devices and len(engine.devices) != engine.tensor_parallel_size * engine.data_parallel_size:
         raise ConfigError(f"{prefix}.devices: needs tensor_parallel_size x data_parallel_size entries")
 

@@ -15,7 +15,7 @@ from .agent.handle import AgentHandle
 from .agent.protocol import Rollout
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
-from .learner.ttl import TestTimeLearner, planner_samples
+from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
 from .memory.routes import memory_routes
@@ -72,10 +72,8 @@ class Services:
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
 
-    async def _learn(self, plan_messages: list[dict[str, str]], rollouts: list[Rollout]) -> None:
-        samples = await planner_samples(self.roles, self.learner.role, plan_messages, [r.plan for r in rollouts],
-                                        [r.reward for r in rollouts], uuid.uuid4().hex)
-        await self.learner.submit(samples)
+    async def _learn(self, rollouts: list[Rollout]) -> None:
+        await self.learner.submit(rollout_samples(rollouts, uuid.uuid4().hex))
 
     async def stop(self) -> None:
         self.learner.close()

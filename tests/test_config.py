@@ -39,6 +39,8 @@ def test_dotted_overrides_apply() -> None:
     ({"roles.judge.alias_of": "boss"}, "roles.judge.alias_of"),
     ({"roles.planner.engine": "nowhere"}, "roles.planner.engine"),
     ({"engines.tiny.max_cpu_loras": 1}, "engines.tiny.max_cpu_loras"),
+    ({"engines.tiny.structured_outputs_backend": "auto"}, "engines.tiny.compact_json"),
+    ({"engines.tiny.executor_backend": "ray"}, "engines.tiny.executor_backend"),
     ({"roles.mia.engine": "tiny"}, "mia"),
     ({"memory.embedder.batch_size": 0}, "memory.embedder"),
 ])

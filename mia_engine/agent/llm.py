@@ -23,6 +23,18 @@ class ChatClient(EngineClient, Protocol):
         """The completion budget of a request; raises when the prompt leaves no room."""
         ...
 
+    async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
+        """``ids`` (a chat ending in an assistant completion) + a new user turn + the next assistant prompt,
+        in token space: earlier turns are neither re-rendered nor re-tokenized."""
+        ...
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """One generated completion: its text and the token ids the engine sampled."""
+
+    text: str
+    token_ids: list[int]
+
 
 def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | None = None,
                      regex: str | None = None, json_schema: dict | None = None,
@@ -45,15 +57,23 @@ async def complete(
 ) -> list[str]:
     """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts."""
     prompt_ids = await client.render_chat(model, messages)
+    return [c.text for c in await complete_ids(client, model, prompt_ids, options, request_id)]
+
+
+async def complete_ids(
+    client: ChatClient, model: str, prompt_ids: list[int], options: SamplingOptions,
+    request_id: str | None = None,
+) -> list[Completion]:
+    """Generate from a prompt already in token space; the n completions with their token ids."""
     # What is left of the context (raises once the prompt fills it), capped by the role's budget: a
     # long trajectory near the end of the context still gets its last, shorter turn.
     room = client.max_tokens_for(model, len(prompt_ids), None)
     options = msgspec.structs.replace(options, max_tokens=min(options.max_tokens, room) if options.max_tokens else room)
-    texts = [""] * options.n
+    completions = [Completion("", [])] * options.n
     request_id = request_id or f"agent-{uuid.uuid4().hex}"
     async with aclosing(client.generate(model, prompt_ids, options, request_id, stream=False)) as outputs:
         async for deltas in outputs:
             for delta in deltas:
-                if 0 <= delta.index < len(texts):
-                    texts[delta.index] = delta.text  # non-streaming: each delta is a whole completion
-    return texts
+                if 0 <= delta.index < len(completions):  # non-streaming: each delta is a whole completion
+                    completions[delta.index] = Completion(delta.text, list(delta.token_ids))
+    return completions

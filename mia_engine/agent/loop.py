@@ -20,7 +20,7 @@ import msgspec
 
 from . import judge, prompts
 from .config import AgentConfig
-from .llm import ChatClient, complete, sampling_options
+from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
@@ -29,8 +29,8 @@ from ..tools.registry import Tools
 
 NO_ANSWER = "No answer was found."
 
-OnLearn = Callable[[list[dict[str, str]], list[Rollout]], Awaitable[None]]
-"""(the Planner's prompt messages, the judged rollouts) -> queued for a GRPO update."""
+OnLearn = Callable[[list[Rollout]], Awaitable[None]]
+"""The judged rollouts of one question (each with its Planner tokens) -> queued for a GRPO update."""
 
 
 class ResearchRequest(msgspec.Struct, frozen=True):
@@ -76,14 +76,15 @@ class ResearchAgent:
         with clock("retrieve"):
             memories, used_ids = await self._retrieve(request.question)
         with clock("plan"):
-            plan_messages, plans = await self._plan(request, memories)
+            plan_prompt, completions = await self._plan(request, memories)
+        plans = [c.text.strip() for c in completions]
         emit("plans", {"num_plans": len(plans)})
         with clock("route"):
             chosen = await self._route(request.question, plans)
         emit("plan_chosen", {"index": chosen, "plan": prompts.truncate_words(plans[chosen], 80)})
         with clock("execute"):
-            runs = await asyncio.gather(*(self.runner.run(request.question, plan_messages, plan, i, emit,
-                                                          request.data_id) for i, plan in enumerate(plans)))
+            runs = await asyncio.gather(*(self.runner.run(request.question, plan_prompt, c, i, emit,
+                                                          request.data_id) for i, c in enumerate(completions)))
         rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                     for plan, (trajectory, ex, rf) in zip(plans, runs)]
         new_ids: list[str] = []
@@ -96,7 +97,7 @@ class ResearchAgent:
                 new_ids = await self._consolidate(request.question, rollouts, used_ids, rollouts[chosen])
             if request.learn and self.on_learn is not None:
                 with clock("learn_submit"):
-                    await self.on_learn(plan_messages, rollouts)
+                    await self.on_learn(rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
                               new_ids, timings)
@@ -108,14 +109,15 @@ class ResearchAgent:
         used = [h.entry.id for h in (*result.positives, *result.negatives)]
         return prompts.render_memories(positives, negatives), used
 
-    async def _plan(self, request: ResearchRequest, memories: str) -> tuple[list[dict[str, str]], list[str]]:
+    async def _plan(self, request: ResearchRequest, memories: str) -> tuple[list[int], list[Completion]]:
+        """(the Planner's prompt ids, the G plans): one request with n = G."""
         text = prompts.render_plan_prompt(request.question, memories, self.config.planner_max_words)
         messages = [{"role": "user", "content": text}]
         num = request.num_rollouts
         temperature = self.config.planner_rollout_temperature if num > 1 else None
         options = sampling_options(self.config.planner, n=num, temperature=temperature)
-        plans = await complete(self.client, self.config.roles.planner, messages, options)
-        return messages, [plan.strip() for plan in plans]
+        prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)
+        return prompt_ids, await complete_ids(self.client, self.config.roles.planner, prompt_ids, options)
 
     async def _route(self, question: str, plans: list[str]) -> int:
         """The Router (manager role) picks p* with Meta Plan Memory examples of similar questions."""

@@ -57,6 +57,17 @@ class ExecutorTurn(msgspec.Struct, frozen=True):
     """Why a ``<tool_call>`` block could not be parsed (the loop tells the Executor)."""
 
 
+class PlannerTokens(msgspec.Struct, frozen=True):
+    """The Planner's share of one rollout in token space, as the learner trains on it (MIA Eq. 3: the
+    Planner's own tokens only). ``completion_ids`` is everything after the prompt, in order: the plan,
+    the template's turn between it and the reflection question, the yes/no, then the replan request and
+    the replan; ``completion_mask`` is 1 where the Planner sampled the token."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+
+
 class Trajectory(msgspec.Struct, frozen=True):
     """One Executor run under one plan, with the Planner's reflection and replan."""
 
@@ -76,6 +87,8 @@ class Trajectory(msgspec.Struct, frozen=True):
     """Index of the first turn run under the replan; -1 without one."""
     num_tool_calls: int = 0
     num_successful_tool_calls: int = 0
+    planner: PlannerTokens | None = None
+    """The Planner's tokens for the learner (None when the engine gave no token ids)."""
 
     @property
     def length(self) -> tuple[int, int]:

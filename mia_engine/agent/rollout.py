@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from . import prompts
 from .config import AgentConfig
 from ..engines.protocol import SamplingOptions
-from .llm import ChatClient, complete, sampling_options
-from .protocol import (ExecutorTurn, Observation, Trajectory, executor_turn_regex,
+from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
+from .protocol import (ExecutorTurn, Observation, PlannerTokens, Trajectory, executor_turn_regex,
                        parse_executor_turn, parse_yes_no)
 from ..tools.registry import ToolContext, Tools
 
@@ -57,9 +57,11 @@ class RolloutRunner:
                               for allow in (True, False)}
         self._answer_regex = executor_turn_regex([], **regex_limits)
 
-    async def run(self, question: str, plan_messages: Messages, plan: str, index: int, emit: Emit,
+    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion, index: int, emit: Emit,
                   data_id: str = "") -> tuple[Trajectory, float, float]:
         """(trajectory, executor seconds, reflection seconds) of one plan."""
+        plan = plan_completion.text.strip()
+        planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids)
         context = ToolContext(data_id)
         executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan)
         run = _Run([{"role": "user", "content": executor_prompt}])
@@ -70,7 +72,7 @@ class RolloutRunner:
         reflection, replan, replan_turn, reflect_s = "", "", -1, 0.0
         if self.config.max_replans > 0:
             reflect_start = time.perf_counter()
-            reflection, replan = await self._reflect(question, plan_messages, plan, run, index, emit)
+            reflection, replan = await self._reflect(question, planner, run, index, emit)
             reflect_s = time.perf_counter() - reflect_start
         if replan:
             replan_turn = len(run.turns)
@@ -80,7 +82,8 @@ class RolloutRunner:
             execute_s += time.perf_counter() - more_start
         final_answer = run.last_answer() if replan else first_answer
         trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
-                                bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls)
+                                bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls,
+                                planner.tokens())
         emit("answer", {"rollout": index, "answer": final_answer})
         return trajectory, execute_s, reflect_s
 
@@ -125,29 +128,61 @@ class RolloutRunner:
                              "text": prompts.truncate_words(observation.text, 60)})
         return observation
 
-    async def _reflect(self, question: str, plan_messages: Messages, plan: str, run: _Run, index: int,
+    async def _reflect(self, question: str, planner: _PlannerTranscript, run: _Run, index: int,
                        emit: Emit) -> tuple[str, str]:
-        """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once."""
+        """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once.
+
+        Its conversation continues in token space from the plan exactly as sampled, so the reflection and
+        the replan are conditioned on the Planner's own tokens, as the learner will score them."""
         trace = prompts.render_trace(question, run.turns, run.observations, self.config.trace_max_words)
-        messages = [*plan_messages, {"role": "assistant", "content": plan},
-                    {"role": "user", "content": prompts.REFLECTION.render(trace=trace)}]
         regex = YES_NO_REGEX if self.config.structured_judges else None
-        options = sampling_options(self.config.planner, regex=regex)
-        try:
-            (decision,) = await complete(self.client, self.config.roles.planner, messages, options)
-        except ValueError:
+        decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace),
+                                            sampling_options(self.config.planner, regex=regex))
+        if decision is None:
             return "", ""
         if not parse_yes_no(decision):
             return decision, ""
-        messages += [{"role": "assistant", "content": decision},
-                     {"role": "user", "content": prompts.REPLAN.render(max_words=self.config.replan_max_words)}]
-        try:
-            (replan,) = await complete(self.client, self.config.roles.planner, messages,
-                                       sampling_options(self.config.planner))
-        except ValueError:
+        replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
+                                          sampling_options(self.config.planner))
+        if replan is None:
             return decision, ""
         emit("replan", {"rollout": index, "replan": prompts.truncate_words(replan, 80)})
         return decision, replan.strip() or ""
+
+    async def _planner_turn(self, planner: _PlannerTranscript, user_text: str,
+                            options: SamplingOptions) -> str | None:
+        """One more Planner turn after ``user_text``; None when the context is full or the engine refuses."""
+        model = self.config.roles.planner
+        try:
+            prompt = await self.client.extend_chat(model, planner.ids(), user_text)
+            (completion,) = await complete_ids(self.client, model, prompt, options)
+        except ValueError:
+            return None
+        planner.append(prompt, completion.token_ids)
+        return completion.text
+
+
+class _PlannerTranscript:
+    """The Planner's conversation of one rollout, in token space, with which tokens it sampled."""
+
+    def __init__(self, prompt_ids: list[int], plan_ids: list[int]) -> None:
+        self.prompt_ids = list(prompt_ids)
+        self.completion_ids = list(plan_ids)
+        self.mask = [1] * len(plan_ids)
+
+    def ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.completion_ids]
+
+    def append(self, prompt: list[int], sampled: list[int]) -> None:
+        """A turn: ``prompt`` extends ``ids()`` by the template's tokens (not the Planner's), then ``sampled``."""
+        glue = prompt[len(self.prompt_ids) + len(self.completion_ids):]
+        self.completion_ids += [*glue, *sampled]
+        self.mask += [0] * len(glue) + [1] * len(sampled)
+
+    def tokens(self) -> PlannerTokens | None:
+        if not any(self.mask) or not self.prompt_ids:
+            return None  # a client without token ids (nothing to learn from)
+        return PlannerTokens(self.prompt_ids, self.completion_ids, self.mask)
 
 
 def _continue_with(run: _Run, replan: str) -> None:

@@ -72,6 +72,9 @@ class CompletionDelta(msgspec.Struct):
     num_tokens: int
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
+    token_ids: list[int] = []
+    """The sampled token ids behind ``text`` (the end-of-sequence token included when it was sampled):
+    the learner trains on exactly these, and a conversation continued in token space stays on-policy."""
 
 
 class EngineClient(Protocol):

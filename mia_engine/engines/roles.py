@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm import SamplingParams
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -141,6 +142,17 @@ class RoleServer:
 
         return await asyncio.get_running_loop().run_in_executor(None, render)
 
+    async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
+        tokenizer = self._targets[model].engine.tokenizer
+
+        def extend() -> list[int]:
+            glue = turn_glue(tokenizer, user_text)
+            if ids and glue and ids[-1] == glue[0]:  # the sampled end-of-turn token is already there
+                glue = glue[1:]
+            return [*ids, *glue]
+
+        return await asyncio.get_running_loop().run_in_executor(None, extend)
+
     async def encode(self, model: str, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens) under the model's tokenizer."""
         tokenizer = self._targets[model].engine.tokenizer
@@ -164,6 +176,22 @@ class RoleServer:
                 raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None
             except (ValueError, VLLMClientError) as err:  # some checks run only when the request is added
                 raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
+
+
+_SENTINEL = "\u2063MIA-ASSISTANT-TURN\u2063"
+
+
+def turn_glue(tokenizer: Any, user_text: str) -> list[int]:
+    """The tokens the chat template puts between an assistant turn's content and the next assistant turn:
+    end of turn, the user's message, the generation prompt. Found by rendering a conversation whose
+    assistant content is a sentinel and keeping what follows it."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "-"}, {"role": "assistant", "content": _SENTINEL},
+         {"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True)
+    _, found, after = text.partition(_SENTINEL)
+    if not found:
+        raise ValueError("the chat template does not render assistant content verbatim")
+    return tokenizer.encode(after, add_special_tokens=False)
 
 
 def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream: bool) -> SamplingParams:
@@ -191,7 +219,7 @@ def to_deltas(output: RequestOutput, num_logprobs: int | None) -> list[Completio
     return [
         CompletionDelta(c.index, c.text, len(c.token_ids),
                         _logprobs(c, num_logprobs) if num_logprobs is not None else None,
-                        c.finish_reason)
+                        c.finish_reason, list(c.token_ids))
         for c in output.outputs
     ]
 

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams
+from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 
 from ..config import EngineConfig
+from . import cpu_lora
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ log = logging.getLogger(__name__)
 def _spawn_env(config: EngineConfig) -> Iterator[None]:
     """Environment the engine-core process inherits; restored once it has been spawned."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
+    if config.cpu_lora_ops == "grouped":  # read by the vLLM plugin in the processes the engine spawns
+        wanted[cpu_lora.ENV] = "grouped"
+    if executor_backend(config) == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
+        wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if config.devices:
         wanted["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in config.devices)
     saved = {key: os.environ.get(key) for key in wanted}
@@ -42,6 +48,16 @@ def _spawn_env(config: EngineConfig) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def executor_backend(config: EngineConfig) -> str | None:
+    """vLLM's ``distributed_executor_backend`` for this engine (None: vLLM decides)."""
+    if config.executor_backend != "auto":
+        return config.executor_backend
+    from vllm.platforms import current_platform
+
+    single = config.tensor_parallel_size * config.data_parallel_size == 1
+    return "uni" if single and current_platform.is_cpu() else None
 
 
 class VLLMEngine:
@@ -83,12 +99,16 @@ class VLLMEngine:
             enforce_eager=c.enforce_eager,
             enable_prefix_caching=c.enable_prefix_caching,
             max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens or None,
             enable_lora=c.enable_lora,
             max_lora_rank=c.max_lora_rank,
             max_loras=c.max_loras,
             max_cpu_loras=c.max_cpu_loras,
             seed=c.seed,
             disable_log_stats=True,
+            distributed_executor_backend=executor_backend(c),
+            structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,
+                                                              disable_any_whitespace=c.compact_json),
         )
 
     def _build(self) -> Any:

@@ -180,12 +180,18 @@ class TestTimeLearner:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
+def rollout_samples(rollouts: list[Any], group_id: str) -> list[GRPOSample]:
+    """GRPO samples of one question's judged rollouts: per rollout, the Planner's tokens as sampled (plan,
+    reflection, replan; template turns and everything else masked out) and the rollout's reward."""
+    return [GRPOSample(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, completion_mask=t.completion_mask,
+                       reward=r.reward, group_id=group_id)
+            for r in rollouts if (t := r.trajectory.planner) is not None]
+
+
 async def planner_samples(client: Any, model: str, plan_messages: list[dict[str, str]], plans: list[str],
                           rewards: list[float], group_id: str) -> list[GRPOSample]:
-    """GRPO samples of one question's G plans: the Planner's prompt and its own plan tokens.
-
-    The plan tokens are re-tokenized from the text (the engine returns text); reflection and replan
-    turns are not included yet."""
+    """GRPO samples of plans scored outside the server (``POST /v1/adapters/{role}/grpo``): the Planner's
+    prompt and the plan texts, tokenized here since the caller has text only."""
     prompt_ids = await client.render_chat(model, plan_messages)
     return [GRPOSample(prompt_ids=prompt_ids, completion_ids=await client.encode(model, plan), reward=reward,
                        group_id=group_id)

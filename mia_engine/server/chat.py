@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -174,11 +175,46 @@ def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
 
 def _options(request: ChatCompletionRequest, max_tokens: int) -> SamplingOptions:
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    regex, json_schema = _constraint(request)
     return SamplingOptions(
         n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens, stop=stop,
         seed=request.seed, logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+        regex=regex, json_schema=json_schema,
     )
+
+
+def _constraint(request: ChatCompletionRequest) -> tuple[str | None, dict | None]:
+    """(regex, JSON schema) from ``structured_outputs`` or ``response_format``; an invalid regex or schema
+    is refused by the engine when the request is added (also a 400)."""
+    so, fmt = request.structured_outputs, request.response_format
+    if so is not None and fmt is not None and fmt.type != "text":
+        raise BadRequest("Give either structured_outputs or response_format, not both.", param="response_format")
+    if so is not None:
+        given = [name for name in ("regex", "json", "choice") if getattr(so, name) is not None]
+        if len(given) != 1:
+            raise BadRequest("structured_outputs takes exactly one of regex, json, choice.",
+                             param="structured_outputs")
+        if so.choice is not None:
+            return "|".join(re.escape(c) for c in so.choice), None
+        if isinstance(so.json, str):
+            try:
+                schema = msgspec.json.decode(so.json)
+            except msgspec.DecodeError:
+                raise BadRequest("structured_outputs.json is not valid JSON.", param="structured_outputs.json") from None
+            if not isinstance(schema, dict):
+                raise BadRequest("structured_outputs.json must be a JSON schema object.",
+                                 param="structured_outputs.json")
+            return None, schema
+        return so.regex, so.json
+    if fmt is None or fmt.type == "text":
+        return None, None
+    if fmt.type == "json_object":
+        return None, {"type": "object"}
+    if fmt.json_schema is None or fmt.json_schema.schema is None:
+        raise BadRequest("response_format of type json_schema needs json_schema.schema.",
+                         param="response_format.json_schema")
+    return None, fmt.json_schema.schema
 
 
 def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:

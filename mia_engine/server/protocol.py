@@ -38,6 +38,29 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+class StructuredOutputs(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` extension: constrain the completion (one of the three)."""
+
+    regex: str | None = None
+    json: dict | str | None = None
+    """A JSON schema (object or its JSON text)."""
+    choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    """The completion is exactly one of these strings."""
+
+
+class JsonSchemaFormat(msgspec.Struct):
+    name: str = ""
+    schema: dict | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct):
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON of a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(msgspec.Struct):
     model: str
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -55,6 +78,8 @@ class ChatCompletionRequest(msgspec.Struct):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     # Research-agent fields (model ``mia``); ignored by the raw roles.
     ground_truth: str | list[str] | None = None
     """Acceptable answers: the judge grades against them (supervised)."""

@@ -32,6 +32,10 @@ class FakeClient:
         self._last = (model, messages[-1]["content"])
         return list(range(10))
 
+    async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
+        self._last = (model, user_text)
+        return [*ids, *GLUE]
+
     def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
         return requested or 100
 
@@ -40,7 +44,16 @@ class FakeClient:
         model, prompt = self._last
         self.calls.append((model, prompt))
         self.options.append((model, options))
-        yield [CompletionDelta(i, self.script(model, prompt, options), 1) for i in range(options.n)]
+        texts = [self.script(model, prompt, options) for _ in range(options.n)]
+        yield [CompletionDelta(i, text, 1, token_ids=fake_ids(text)) for i, text in enumerate(texts)]
+
+
+GLUE = [-7, -8, -9]
+"""What the fake chat template puts between turns."""
+
+
+def fake_ids(text: str) -> list[int]:
+    return [1000 + ord(c) for c in text[:5]]
 
 
 class FakeSearch:
@@ -111,6 +124,32 @@ async def test_replan_happens_at_most_once() -> None:
     assert len(reflections) == 1
     executor_prompts = [p for m, p in client.calls if m == "executor"]
     assert "I have a revised plan for you to follow" in executor_prompts[-1]
+
+
+async def test_planner_tokens_hold_plan_reflection_and_replan_and_nothing_else() -> None:
+    """The learner's sample: the Planner's sampled tokens (mask 1) with the template turns between them
+    (mask 0); executor text, tool output and memories are not in it."""
+    learned: list = []
+
+    async def on_learn(rollouts) -> None:
+        learned.append(rollouts)
+
+    agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="yes"))
+    agent.on_learn = on_learn
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True))
+    tokens = result.rollouts[0].trajectory.planner
+    plan, decision, replan = fake_ids("1. search for the river"), fake_ids("yes"), fake_ids("2. search again, better")
+    assert tokens.prompt_ids == list(range(10))
+    assert tokens.completion_ids == [*plan, *GLUE, *decision, *GLUE, *replan]
+    assert tokens.completion_mask == [1] * len(plan) + [0] * 3 + [1] * len(decision) + [0] * 3 + [1] * len(replan)
+    assert learned == [result.rollouts]
+
+
+async def test_without_a_replan_the_planner_tokens_end_at_the_decision() -> None:
+    agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="no"))
+    tokens = (await agent.research(ResearchRequest("q"))).rollouts[0].trajectory.planner
+    assert tokens.completion_ids == [*fake_ids("1. search for the river"), *GLUE, *fake_ids("no")]
+    assert sum(tokens.completion_mask) == len(fake_ids("1. search for the river")) + len(fake_ids("no"))
 
 
 async def test_malformed_output_ends_gracefully_within_max_turns() -> None:

@@ -55,6 +55,14 @@ def test_empty_body_is_400(tiny_server) -> None:
     ({"model": "planner", "messages": [{"role": "user", "content": [{"type": "image_url",
                                        "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content"),
     ({"model": "planner", "messages": PROMPT, "top_logprobs": 3}, "top_logprobs"),
+    ({"model": "planner", "messages": PROMPT, "structured_outputs": {}}, "structured_outputs"),
+    ({"model": "planner", "messages": PROMPT, "structured_outputs": {"regex": "a", "choice": ["b"]}},
+     "structured_outputs"),
+    ({"model": "planner", "messages": PROMPT, "structured_outputs": {"json": "{nope"}}, "structured_outputs.json"),
+    ({"model": "planner", "messages": PROMPT, "structured_outputs": {"grammar": "x"}}, "structured_outputs"),
+    ({"model": "planner", "messages": PROMPT, "response_format": {"type": "json_schema"}},
+     "response_format.json_schema"),
+    ({"model": "planner", "messages": PROMPT, "response_format": {"type": "yaml"}}, "response_format.type"),
     ([1, 2, 3], None),
 ])
 def test_wrong_fields_are_400_naming_the_field(tiny_server, body, param) -> None:
@@ -148,3 +156,10 @@ def test_parameters_the_engine_refuses_are_400(openai_client: OpenAI) -> None:
             openai_client.chat.completions.create(model="executor", messages=PROMPT, max_tokens=4, n=2,
                                                   temperature=0, stream=stream)
         assert "greedy" in info.value.body["message"]
+
+
+def test_a_regex_the_engine_cannot_compile_is_400(openai_client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError):
+        openai_client.chat.completions.create(model="executor", messages=PROMPT, max_tokens=4,
+                                              extra_body={"structured_outputs": {"regex": "(unclosed"}})
+    assert openai_client.chat.completions.create(model="executor", messages=PROMPT, max_tokens=2).choices

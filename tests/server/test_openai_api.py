@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import httpx
 import pytest
@@ -132,3 +134,28 @@ def test_client_disconnect_mid_stream_aborts_the_request(tiny_server) -> None:
             break
         asyncio.run(asyncio.sleep(0.1))
     assert cancelled_count() == before + 1
+
+
+def test_structured_outputs_regex_and_choice_constrain_the_text(openai_client: OpenAI) -> None:
+    """vLLM's ``structured_outputs`` extension: the random model writes only what the constraint allows."""
+    regex = r"\[(yes|no)\] [a-z]{3,8}"
+    for seed in range(3):
+        text = openai_client.chat.completions.create(
+            model="executor", messages=PROMPT, max_tokens=32, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"regex": regex}}).choices[0].message.content
+        assert re.fullmatch(regex, text), text
+    choices = ["red river", "blue river"]
+    out = openai_client.chat.completions.create(model="planner", messages=PROMPT, max_tokens=8, n=4,
+                                                temperature=1.0, seed=1,
+                                                extra_body={"structured_outputs": {"choice": choices}})
+    assert {c.message.content for c in out.choices} <= set(choices)
+
+
+def test_response_format_json_schema_gives_json_of_the_schema(openai_client: OpenAI) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    out = openai_client.chat.completions.create(
+        model="manager", messages=PROMPT, max_tokens=200, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}})
+    assert out.choices[0].finish_reason == "stop", out.choices[0].message.content
+    assert isinstance(json.loads(out.choices[0].message.content)["ok"], bool)
