@@ -33,10 +33,10 @@ from mia_engine.serve import Services  # noqa: E402
 OVERRIDES = {
     "agent.max_turns": 3, "agent.tool_response_max_words": 120, "agent.trace_max_words": 250,
     "agent.planner": {"temperature": 0.0, "max_tokens": 100},
-    "agent.executor": {"temperature": 0.0, "max_tokens": 120, "presence_penalty": 1.1},
+    "agent.executor": {"temperature": 0.0, "max_tokens": 200, "presence_penalty": 1.1},
     "agent.manager": {"temperature": 0.0, "max_tokens": 120}, "agent.grader": {"temperature": 0.0, "max_tokens": 4},
     "agent.router": {"temperature": 0.0, "max_tokens": 16},
-    "agent.regex": {"max_think_chars": 200, "max_answer_chars": 60, "max_query_chars": 60, "max_queries": 1},
+    "agent.regex": {"max_think_chars": 200, "max_answer_chars": 200, "max_query_chars": 60, "max_queries": 1},
     "agent.min_tool_calls": 1, "learner.batch_size": 4,
 }
 

@@ -33,6 +33,7 @@ from bench.servers import launch_mia  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
+from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.engines.protocol import CompletionDelta, SamplingOptions  # noqa: E402
 from mia_engine.memory.service import MemoryService  # noqa: E402
@@ -126,10 +127,11 @@ async def run_questions(agent: ResearchAgent, questions: list[str], *, learn: bo
 
 async def main_async(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mia-research-bench-"))
-    config = load_config("tiny", {"data_dir": str(tmp / "ours"), "learner.batch_size": 4})
+    engine_overrides = dotted_overrides(args.engine_set)  # both systems: the same engine settings
+    config = load_config("tiny", {"data_dir": str(tmp / "ours"), "learner.batch_size": 4, **engine_overrides})
     ours = Services(config)
     await ours.start()
-    server = launch_mia(tmp, "tiny", "--data-dir", str(tmp / "server"))
+    server = launch_mia(tmp, "tiny", "--data-dir", str(tmp / "server"), *args.engine_set)
     await asyncio.to_thread(server.wait_ready)
     base_config = load_config("tiny", {"data_dir": str(tmp / "baseline"), "tools.batch_wait_ms": 0.0})
     memory = await MemoryService.open(tmp / "baseline-memory", base_config.memory, encoder=ours.encoders[0])
@@ -169,6 +171,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--engine-set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="config override for both systems, e.g. --engine-set=--engines.tiny.max_num_seqs=64")
     args = parser.parse_args()
     report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
 

@@ -73,7 +73,9 @@ class Services:
             log.exception("test-time learning off: the learner failed to load")
 
     async def _learn(self, rollouts: list[Rollout]) -> None:
-        await self.learner.submit(rollout_samples(rollouts, uuid.uuid4().hex))
+        samples = rollout_samples(rollouts, uuid.uuid4().hex)
+        if samples:  # a question whose plans came back empty has nothing to learn from
+            await self.learner.submit(samples)
 
     async def stop(self) -> None:
         self.learner.close()

@@ -147,6 +147,10 @@ class AgentConfig(_Frozen):
     min_tool_calls: int = 0
     """With structured outputs, the Executor's first N turns may only call a tool (no answer yet): makes
     small models gather evidence before answering; 0 = the reference's free choice."""
+    first_query: Literal["model", "question"] = "model"
+    """With structured outputs, the query of the Executor's first search: ``model`` = its own (the
+    reference); ``question`` = the question itself, enforced by the turn's regex (the model still writes
+    its thinking). For models too small to write a search query (the embedded 135M default)."""
     structured_judges: bool = True
     """Constrain grader, reviewers, Area Chair and Router outputs (letter regex / JSON schema)."""
     regex: RegexLimits = RegexLimits()

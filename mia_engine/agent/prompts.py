@@ -123,6 +123,12 @@ REPLAN_CONTINUATION = Template(
     "I have a revised plan for you to follow:\n{replan}\nPlease continue with this updated guidance:\n")
 """The reference's exact words, sent as a user turn after the Executor's stripped last answer."""
 
+FINAL_ANSWER = Template("executor.final_answer", """\
+This is your last turn: no more tool calls. Using the tool responses above, answer the question: \
+{question}
+Give only the answer inside <answer>...</answer>.""")
+"""Appended to the last tool response when the turn cap forces an answer (``agent.force_final_answer``)."""
+
 TOOL_RESPONSE = Template("executor.tool_response", "<tool_response>\n{text}\n</tool_response>")
 
 # ---- Router --------------------------------------------------------------------------------------

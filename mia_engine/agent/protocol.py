@@ -312,17 +312,33 @@ def executor_turn_regex(
     max_query_chars: int = 200,
     max_queries: int = 4,
     allow_answer: bool = True,
+    fixed_query: str | None = None,
 ) -> str:
     """A regex (vLLM structured outputs) for one well-formed Executor turn: a think block, then one
-    tool call or an answer (only a tool call when ``allow_answer`` is False). Plain groups, bounded
-    repeats, no lookarounds or lazy quantifiers: a subset every structured-output backend compiles."""
+    tool call or an answer (only a tool call when ``allow_answer`` is False; only a search for exactly
+    ``fixed_query`` when given). Plain groups, bounded repeats, no lookarounds or lazy quantifiers: a
+    subset every structured-output backend compiles."""
+    if fixed_query is not None:
+        literal = _regex_literal(json.dumps(fixed_query, ensure_ascii=False))
+        search = rf'\{{"name": "search", "arguments": \{{"query_list": \[{literal}\]\}}\}}'
+        return rf"<think>[^<]{{1,{max_think_chars}}}</think>\n<tool_call>\n{search}\n</tool_call>"
     calls = [_call_regex(name, max_query_chars, max_queries) for name in tool_names]
     think = rf"<think>[^<]{{1,{max_think_chars}}}</think>\n"
-    answer = rf"<answer>[^<]{{1,{max_answer_chars}}}</answer>"
+    # an answer starts with a visible character: small models otherwise close an empty "<answer>\n"
+    answer = rf"<answer>\s{{0,2}}[^<\s][^<]{{0,{max_answer_chars - 1}}}</answer>"
     if not calls:
         return think + answer
     call = rf"<tool_call>\n({'|'.join(calls)})\n</tool_call>"
     return think + (rf"({call}|{answer})" if allow_answer else call)
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` matched literally; only regex metacharacters are escaped (``re.escape`` also escapes
+    spaces and other characters that not every structured-output backend accepts escaped)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+_REGEX_META = frozenset("\\.^$*+?{}[]()|/")
 
 
 def _call_regex(name: str, max_query_chars: int, max_queries: int) -> str:

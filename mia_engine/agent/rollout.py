@@ -32,6 +32,7 @@ class _Run:
     """A trajectory being built: the Executor's conversation and its parsed turns."""
 
     messages: Messages
+    question: str = ""
     turns: list[ExecutorTurn] = field(default_factory=list)
     observations: list[Observation | None] = field(default_factory=list)
     num_tool_calls: int = 0
@@ -64,7 +65,7 @@ class RolloutRunner:
         planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids)
         context = ToolContext(data_id)
         executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan)
-        run = _Run([{"role": "user", "content": executor_prompt}])
+        run = _Run([{"role": "user", "content": executor_prompt}], question)
         start = time.perf_counter()
         await self._react(run, context, index, emit, self.config.max_turns)
         first_answer = run.last_answer()
@@ -90,7 +91,13 @@ class RolloutRunner:
     async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
         """Think → tool call or answer, until an answer, a turn without a call, or the turn cap."""
         for turn_index in range(max_turns):
-            options = self._turn_options(run, is_last=turn_index == max_turns - 1)
+            is_last = turn_index == max_turns - 1
+            options = self._turn_options(run, is_last=is_last)
+            if is_last and options.regex == self._answer_regex and run.messages[-1]["role"] == "user" and run.turns:
+                # the answer-only turn: say so (and restate the question), appended to the last tool response
+                last = run.messages[-1]
+                run.messages[-1] = {**last, "content": last["content"] + "\n\n"
+                                    + prompts.FINAL_ANSWER.render(question=run.question)}
             try:
                 (text,) = await complete(self.client, self.config.roles.executor, run.messages, options)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
@@ -109,6 +116,11 @@ class RolloutRunner:
         regex = None
         if self.config.structured_executor and is_last and self.config.force_final_answer:
             regex = self._answer_regex
+        elif (self.config.structured_executor and self.config.first_query == "question" and not run.turns
+              and "search" in self.tools.names()):
+            limits = self.config.regex
+            regex = executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,
+                                        fixed_query=run.question)
         elif self.config.structured_executor:
             regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
         return sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)

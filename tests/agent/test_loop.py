@@ -199,3 +199,23 @@ async def test_last_turn_may_only_answer_and_first_turns_must_search() -> None:
     assert "<answer>" not in regexes[0] and "<tool_call>" in regexes[0]  # must gather evidence first
     assert "<tool_call>" in regexes[1] and "<answer>" in regexes[1]
     assert "<tool_call>" not in regexes[2] and "<answer>" in regexes[2]  # the turn cap: answer now
+
+
+async def test_first_query_question_pins_the_first_search_to_the_question() -> None:
+    agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=3, max_replans=0,
+                                  first_query="question")
+    await agent.research(ResearchRequest("Which river flows through Paris?"))
+    regexes = [o.regex for m, o in client.options if m == "executor"]
+    assert "Which river flows through Paris\\?" in regexes[0] and "<answer>" not in regexes[0]
+    assert all("Which river" not in r for r in regexes[1:])  # later turns choose their own queries
+
+
+async def test_the_answer_only_turn_is_told_so_and_restates_the_question() -> None:
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER if "last turn" in p else CALL),
+                                  max_turns=3, max_replans=0)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    executor_prompts = [p for m, p in client.calls if m == "executor"]
+    assert len(executor_prompts) == 3 and "last turn" not in executor_prompts[1]
+    assert executor_prompts[2].startswith("<tool_response>")
+    assert "answer the question: Which river flows through Paris?" in executor_prompts[2]
+    assert result.answer == "Seine"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import json
 import re
 
 import pytest
@@ -155,6 +156,7 @@ def test_regex_accepts_well_formed_turns(text):
     "<answer>Lima</answer>",                                                      # no think
     "<think>t</think>\n<answer>Lima</answer><answer>again</answer>",              # two actions
     "<think>t</think>\n<answer>" + "x" * 51 + "</answer>",                          # too long
+    "<think>t</think>\n<answer>\n</answer>",                                       # empty answer
     "<think>t</think>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query_list\": []}}\n</tool_call>",
     "<think>t</think>\n<tool_call>\n{\"name\": \"python\", \"arguments\": {}}\n</tool_call>",  # unknown tool
     '<think>t</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a", "b", "c", "d"]}}\n</tool_call>',
@@ -163,6 +165,20 @@ def test_regex_accepts_well_formed_turns(text):
 ])
 def test_regex_rejects_malformed_turns(text):
     assert re.fullmatch(REGEX, text) is None
+
+
+TRICKY_QUESTION = 'Who wrote "Les Misérables" (1862)? [a.k.a. Les Mis] 50% / 2*3+1 {x} | a\\b ^$'
+
+
+@pytest.mark.parametrize("question", ["Which river flows through Paris?", TRICKY_QUESTION])
+def test_fixed_query_regex_allows_only_a_search_for_the_question(question):
+    fixed = executor_turn_regex(["search"], max_think_chars=50, fixed_query=question)
+    turn = f"<think>search first</think>\n<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query_list': [question]}}, ensure_ascii=False)}\n</tool_call>"
+    assert re.fullmatch(fixed, turn)
+    parsed = parse_executor_turn(turn)
+    assert parsed.tool_call.arguments == {"query_list": [question]}
+    assert re.fullmatch(fixed, turn.replace("query_list\": [\"", "query_list\": [\"x")) is None
+    assert re.fullmatch(fixed, "<think>t</think>\n<answer>Seine</answer>") is None
 
 
 def test_regex_without_tools_allows_only_answers_and_checks_names():

@@ -159,3 +159,20 @@ def test_response_format_json_schema_gives_json_of_the_schema(openai_client: Ope
         response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}})
     assert out.choices[0].finish_reason == "stop", out.choices[0].message.content
     assert isinstance(json.loads(out.choices[0].message.content)["ok"], bool)
+
+
+def test_the_engine_compiles_the_executor_regexes(openai_client: OpenAI) -> None:
+    """The agent's turn regexes, including a first search pinned to a question full of regex and JSON
+    metacharacters, compile in the engine's structured-output backend and yield parseable turns."""
+    from mia_engine.agent.protocol import executor_turn_regex, parse_executor_turn
+
+    question = 'Who wrote "Les Misérables" (1862)? [a.k.a. Les Mis] 50% / 2*3+1 {x} | a\\b ^$'
+    pinned = executor_turn_regex(["search"], max_think_chars=20, fixed_query=question)
+    free = executor_turn_regex(["search"], max_think_chars=20, max_query_chars=20, max_answer_chars=20)
+    for regex in (pinned, free):
+        text = openai_client.chat.completions.create(
+            model="executor", messages=PROMPT, max_tokens=400, temperature=0,
+            extra_body={"structured_outputs": {"regex": regex}}).choices[0].message.content
+        assert re.fullmatch(regex, text), text
+        assert parse_executor_turn(text).is_well_formed
+    assert parse_executor_turn(text).tool_call is not None or parse_executor_turn(text).answer is not None
