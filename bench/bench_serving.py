@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--model", choices=["base", "planner"], default="planner",
                         help="the bare base model, or the Planner role (LoRA) on both servers")
     parser.add_argument("--out", type=Path, help="write the raw samples and summary as JSON")
+    parser.add_argument("--ours-set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="config override for our server, e.g. --ours-set=--engines.tiny.executor_backend=mp")
     args = parser.parse_args()
 
     config = load_config("tiny")
@@ -113,7 +115,7 @@ def main() -> None:
     ours_model = "planner" if args.model == "planner" else "tiny"
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        servers = {"mia_engine": (launch_mia(logs), ours_model),
+        servers = {"mia_engine": (launch_mia(logs, "tiny", *args.ours_set), ours_model),
                    "vllm_serve": (launch_vllm(logs, base, "tiny", *vllm_args), ours_model)}
         try:
             for server, _ in servers.values():

@@ -99,10 +99,10 @@ class EngineConfig(_Frozen):
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
     or vLLM's own per-token gather. No effect on GPU."""
     executor_backend: Literal["auto", "uni", "mp"] = "auto"
-    """Where the model runs inside the engine process: ``uni`` in the engine-core process itself, ``mp``
-    in worker processes. ``auto`` = ``uni`` on CPU with one replica (vLLM's ``mp`` adds a worker process
-    whose shared-memory queue busy-waits, taking a core from the model on small machines), else vLLM's
-    default."""
+    """Where the model runs: ``mp`` in a worker process (vLLM's choice, ``auto``), ``uni`` inside the
+    engine-core process. On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
+    worker queue takes (+15-20% research-loop throughput on 2 cores) but showed a worse p99 for
+    one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
 
 
 class SamplingDefaults(_Frozen):

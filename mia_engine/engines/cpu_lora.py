@@ -34,10 +34,12 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     if weights.dim() == 4:  # (slots, 1, out, in)
         weights = weights.squeeze(1)
     inputs = inputs.to(dtype)
-    if inputs.shape[0] <= GATHER_MAX_TOKENS:
-        selected = weights[indices.clamp(min=0)].to(dtype)
-        out = torch.einsum("bi,boi->bo", inputs, selected)
-        return out.masked_fill_((indices < 0).unsqueeze(1), 0)
+    if inputs.shape[0] <= GATHER_MAX_TOKENS:  # vLLM's gather (cheapest for decode), then -1 rows zeroed
+        out = torch.einsum("bi,boi->bo", inputs, weights[indices].to(dtype))
+        no_adapter = indices < 0
+        if no_adapter.any():
+            out.masked_fill_(no_adapter.unsqueeze(1), 0)
+        return out
     slots = torch.unique(indices).tolist()
     if len(slots) == 1 and slots[0] >= 0:  # one adapter for the whole batch: a plain matmul
         return inputs @ weights[slots[0]].to(dtype).T

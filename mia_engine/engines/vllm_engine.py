@@ -52,12 +52,7 @@ def _spawn_env(config: EngineConfig) -> Iterator[None]:
 
 def executor_backend(config: EngineConfig) -> str | None:
     """vLLM's ``distributed_executor_backend`` for this engine (None: vLLM decides)."""
-    if config.executor_backend != "auto":
-        return config.executor_backend
-    from vllm.platforms import current_platform
-
-    single = config.tensor_parallel_size * config.data_parallel_size == 1
-    return "uni" if single and current_platform.is_cpu() else None
+    return None if config.executor_backend == "auto" else config.executor_backend
 
 
 class VLLMEngine:
