@@ -1,7 +1,7 @@
 """Benchmark: local search micro-batched across concurrent callers vs one query at a time.
 
 On the full wiki-offline index (10,033 passages, all-MiniLM-L6-v2, FAISS IndexFlatIP; built once
-into ``--cache-dir`` and reused), times ``--num-queries`` searches (top-3) three ways:
+into ``--cache-dir`` and reused), times ``--num-queries`` searches (top-3) four ways:
   batched     all callers concurrent, ``batch_wait_ms`` > 0: one encoder forward + one FAISS search
               for the whole micro-batch (what G rollouts × many questions get in the loop)
   queued      all callers concurrent, ``batch_wait_ms`` = 0: merges only what is already queued
@@ -111,25 +111,26 @@ async def bench(args: argparse.Namespace) -> None:
                                            "--index", str(folder), "--port", str(port := free_port())],
                      Path(tempfile.mkdtemp(prefix="mia-retrieval-")), port)
     await asyncio.to_thread(service.wait_ready)
-    modes = [("batched", args.batch_wait_ms, batched), ("queued", 0.0, batched),
-             ("reference (HTTP service)", 0.0, one_by_one), ("one-by-one", 0.0, one_by_one)]
-    searches = [LocalSearch(folder, encoder, batch_wait_ms=wait_ms) for _, wait_ms, _ in modes[:2]]
-    searches += [HttpSearch(service.base_url), LocalSearch(folder, encoder, batch_wait_ms=0.0)]
+    modes = [("batched", args.batch_wait_ms, batched,
+              LocalSearch(folder, encoder, batch_wait_ms=args.batch_wait_ms)),
+             ("queued", 0.0, batched, LocalSearch(folder, encoder, batch_wait_ms=0.0)),
+             ("reference (HTTP service)", 0.0, one_by_one, HttpSearch(service.base_url)),
+             ("one-by-one", 0.0, one_by_one, LocalSearch(folder, encoder, batch_wait_ms=0.0))]
     seconds: list[list[float]] = [[] for _ in modes]
     forwards, titles = [0] * len(modes), [[]] * len(modes)
     try:
         for round_index in range(args.repeats + 1):  # round 0 warms up; modes interleave so load spikes hit all
-            for i, ((_, _, run), search) in enumerate(zip(modes, searches)):
+            for i, (_, _, run, search) in enumerate(modes):
                 spent, forwards[i], titles[i] = await run_once(search, encoder, run, queries)
                 if round_index:
                     seconds[i].append(spent)
     finally:
-        for search in searches:
+        for *_, search in modes:
             search.close()
         service.stop()
     batch_s, singles_s = encoder_floor(embedder, queries, args.repeats)
     embedder.close()
-    rows = [(name, wait, forwards[i], seconds[i], titles[i] == titles[0]) for i, (name, wait, _) in enumerate(modes)]
+    rows = [(name, wait, forwards[i], seconds[i], titles[i] == titles[0]) for i, (name, wait, *_) in enumerate(modes)]
     print_table(rows, len(queries), len(corpus.passages), build_s, folder, baselines=("one-by-one", "reference (HTTP service)"))
     print(f"\nencoder alone (no search, medians): one {len(queries)}-query forward {batch_s * 1e3:.1f} ms, "
           f"{len(queries)} single-query forwards {singles_s * 1e3:.1f} ms -> merging saves at most "

@@ -93,7 +93,7 @@ class RolloutRunner:
         for turn_index in range(max_turns):
             is_last = turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
-            if is_last and options.regex == self._answer_regex and run.messages[-1]["role"] == "user" and run.turns:
+            if self._answer_only(is_last) and run.turns and run.messages[-1]["role"] == "user":
                 # the answer-only turn: say so (and restate the question), appended to the last tool response
                 last = run.messages[-1]
                 run.messages[-1] = {**last, "content": last["content"] + "\n\n"
@@ -112,9 +112,13 @@ class RolloutRunner:
                 return
             run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
 
+    def _answer_only(self, is_last: bool) -> bool:
+        """The turn cap's last turn, when it may only answer (``force_final_answer``)."""
+        return is_last and self.config.structured_executor and self.config.force_final_answer
+
     def _turn_options(self, run: _Run, *, is_last: bool) -> SamplingOptions:
         regex = None
-        if self.config.structured_executor and is_last and self.config.force_final_answer:
+        if self._answer_only(is_last):
             regex = self._answer_regex
         elif (self.config.structured_executor and self.config.first_query == "question" and not run.turns
               and "search" in self.tools.names()):
