@@ -103,7 +103,7 @@ async def bench(args: argparse.Namespace) -> None:
     embedder = Embedder(EmbedderConfig(batch_wait_ms=0.0))
     corpus = load_corpus(WIKI_OFFLINE)
     start = time.perf_counter()
-    folder = build_index(corpus, embedder, args.cache_dir, embedder_name=embedder_name(embedder.model_dir))
+    folder = build_index(corpus, embedder, args.cache_dir, embedder_name=embedder_name(embedder))
     build_s = time.perf_counter() - start
     queries = make_queries([p.title for p in corpus.passages], args.num_queries)
     encoder = CountingEncoder(embedder)

@@ -21,7 +21,7 @@ def build(config: MIAConfig) -> Path:
     encoder = Embedder(tools.embedder)
     try:
         corpus = load_corpus(tools.corpus, tools.max_passages or None)
-        return build_index(corpus, encoder, index_root(config), embedder_name=embedder_name(encoder.model_dir),
+        return build_index(corpus, encoder, index_root(config), embedder_name=embedder_name(encoder),
                            passage_prefix=tools.passage_prefix, batch_size=tools.index_build_batch, progress=True)
     finally:
         encoder.close()

@@ -43,23 +43,29 @@ class Services:
         self.encoders: list[Embedder] = []
 
     async def start(self) -> None:
+        """Encoder and memory first; then the passage index builds while the model converts and the
+        engines start (on a first start the two take about as long); the learner and the agent last,
+        since the learner lowers torch's thread count for threads started after it."""
         try:
             loop = asyncio.get_running_loop()
             self.encoders.append(await loop.run_in_executor(None, Embedder, self.config.memory.embedder))
         except Exception as err:
             log.error("the sentence encoder failed to load: %s", err)
+            self.agent.fail(f"the sentence encoder failed to load: {type(err).__name__}")
         encoder = self.encoders[0] if self.encoders else None
         await self.memory.open(encoder)
         resume = self.learner.resume_path()
         if resume is not None:
             log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
             self.roles.initial_adapters[self.learner.role] = resume
+        tools = asyncio.ensure_future(self.agent.prepare(encoder)) if encoder is not None else None
         await self.roles.start()
+        if tools is not None:
+            await tools
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
         await self._start_learner()
-        await self.agent.start(self.roles, self.memory, encoder,
-                               self._learn if self.learner.is_ready else None)
+        await self.agent.start(self.roles, self.memory, self._learn if self.learner.is_ready else None)
 
     async def _start_learner(self) -> None:
         role = self.learner.role

@@ -75,9 +75,8 @@ def stop_server(server: ServerHandle) -> None:
     stop_process(server.process)
 
 
-@pytest.fixture(scope="session")
-def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    server = start_server(tmp_path_factory.mktemp("tiny_server"), "tiny")
+def _serve_tiny(tmp: Path) -> Iterator[ServerHandle]:
+    server = start_server(tmp, "tiny")
     try:
         wait_ready(server)
         yield server
@@ -85,15 +84,46 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHand
         stop_server(server)
 
 
-@pytest.fixture(scope="session")
-def openai_client(tiny_server: ServerHandle):
+def _openai(server: ServerHandle, timeout: float):
     from openai import OpenAI
 
-    return OpenAI(base_url=tiny_server.openai_url, api_key=tiny_server.api_key, max_retries=0, timeout=120)
+    return OpenAI(base_url=server.openai_url, api_key=server.api_key, max_retries=0, timeout=timeout)
+
+
+def _async_openai(server: ServerHandle):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=server.openai_url, api_key=server.api_key, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The shared server: tests may add requests and memories, never change adapters or weights."""
+    yield from _serve_tiny(tmp_path_factory.mktemp("tiny_server"))
+
+
+@pytest.fixture(scope="session")
+def openai_client(tiny_server: ServerHandle):
+    return _openai(tiny_server, 120)
 
 
 @pytest.fixture(scope="session")
 def async_openai_client(tiny_server: ServerHandle):
-    from openai import AsyncOpenAI
+    return _async_openai(tiny_server)
 
-    return AsyncOpenAI(base_url=tiny_server.openai_url, api_key=tiny_server.api_key, max_retries=0, timeout=300)
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A server of the module's own, for tests that publish adapters or learn (what they change
+    would otherwise reach every later test through the shared server)."""
+    yield from _serve_tiny(tmp_path_factory.mktemp("own_server"))
+
+
+@pytest.fixture(scope="module")
+def own_openai_client(own_server: ServerHandle):
+    return _openai(own_server, 120)
+
+
+@pytest.fixture(scope="module")
+def own_async_openai_client(own_server: ServerHandle):
+    return _async_openai(own_server)

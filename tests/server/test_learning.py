@@ -11,6 +11,8 @@ import psutil
 from openai import OpenAI
 
 PROMPT = [{"role": "user", "content": "Write a plan to find the year the oldest university was founded."}]
+COMPLETIONS = ["Search the founding year first.", "Check two sources.", "Ask the archive.", "Compare dates."]
+"""Fixed completions for the tests that need an update to run, whatever the current adapter would sample."""
 
 
 def _first_token(client: OpenAI) -> dict[str, float]:
@@ -36,79 +38,77 @@ def _pids(server) -> set[int]:
     return {p.pid for p in psutil.Process(server.process.pid).children(recursive=True)}
 
 
-def test_learning_reaches_serving_and_rollback_restores(tiny_server, openai_client: OpenAI) -> None:
-    pids = _pids(tiny_server)
-    before = _first_token(openai_client)
+def test_learning_reaches_serving_and_rollback_restores(own_server, own_openai_client: OpenAI) -> None:
+    pids = _pids(own_server)
+    before = _first_token(own_openai_client)
     ranked = sorted(before, key=before.get, reverse=True)
     target, losers = ranked[2], [ranked[0], ranked[1], ranked[4]]
 
-    first = _grpo(tiny_server, target, losers)
+    first = _grpo(own_server, target, losers)
     assert first.status_code == 200, first.text
     assert first.json()["is_published"], first.json()
-    after_one = _first_token(openai_client)
+    after_one = _first_token(own_openai_client)
     for _ in range(2):
-        assert _grpo(tiny_server, target, losers).json()["is_published"]
-    after = _first_token(openai_client)
+        assert _grpo(own_server, target, losers).json()["is_published"]
+    after = _first_token(own_openai_client)
     assert after.get(target, -99.0) > before[target] + 0.05, (before, after)
-    assert _pids(tiny_server) == pids, "the engine was restarted"
+    assert _pids(own_server) == pids, "the engine was restarted"
 
-    rolled = _post(tiny_server, "/adapters/planner/rollback")
+    rolled = _post(own_server, "/adapters/planner/rollback")
     assert rolled.status_code == 200, rolled.text
-    rolled_twice = _post(tiny_server, "/adapters/planner/rollback")
+    rolled_twice = _post(own_server, "/adapters/planner/rollback")
     assert rolled_twice.status_code == 200
-    assert _first_token(openai_client) == after_one  # exactly the version after the first update
+    assert _first_token(own_openai_client) == after_one  # exactly the version after the first update
 
 
-def test_poisoned_update_is_rejected_and_serving_is_unchanged(tiny_server, openai_client: OpenAI) -> None:
-    before = _first_token(openai_client)
-    tokens = sorted(before)
-    assert _grpo(tiny_server, tokens[0], tokens[1:3], reward="1e400").status_code == 400  # inf: not JSON-finite
+def test_poisoned_update_is_rejected_and_serving_is_unchanged(own_server, own_openai_client: OpenAI) -> None:
+    before = _first_token(own_openai_client)
+    texts = COMPLETIONS
+    assert _grpo(own_server, texts[0], texts[1:3], reward="1e400").status_code == 400  # inf: not JSON-finite
     # finite rewards whose group mean overflows: the update itself goes non-finite and must be refused
-    response = _post(tiny_server, "/adapters/planner/grpo", {"groups": [{"messages": PROMPT, "completions": [
-        {"text": tokens[0], "reward": 1.7e308}, {"text": tokens[1], "reward": 1.7e308},
-        {"text": tokens[2], "reward": -1.0}]}]})
+    response = _post(own_server, "/adapters/planner/grpo", {"groups": [{"messages": PROMPT, "completions": [
+        {"text": texts[0], "reward": 1.7e308}, {"text": texts[1], "reward": 1.7e308},
+        {"text": texts[2], "reward": -1.0}]}]})
     assert response.status_code == 200, response.text
     report = response.json()
     assert not report["is_published"] and "non-finite" in report["reason"]
-    assert _first_token(openai_client) == before
-    assert 'mia_learner_updates_total{outcome="rejected"}' in httpx.get(f"{tiny_server.base_url}/metrics").text
+    assert _first_token(own_openai_client) == before
+    assert 'mia_learner_updates_total{outcome="rejected"}' in httpx.get(f"{own_server.base_url}/metrics").text
 
 
-async def test_32_requests_succeed_while_an_update_is_published(tiny_server, async_openai_client,
-                                                                openai_client: OpenAI) -> None:
-    tokens = sorted(_first_token(openai_client))
-
+async def test_32_requests_succeed_while_an_update_is_published(own_server, own_async_openai_client,
+                                                                own_openai_client: OpenAI) -> None:
     async def ask(i: int) -> str:
-        out = await async_openai_client.chat.completions.create(
+        out = await own_async_openai_client.chat.completions.create(
             model="planner", messages=[{"role": "user", "content": f"plan {i}"}], max_tokens=48, temperature=1.0)
         return out.choices[0].message.content
 
     requests = [asyncio.ensure_future(ask(i)) for i in range(32)]
     await asyncio.sleep(0.2)
-    update = await asyncio.to_thread(_grpo, tiny_server, tokens[0], tokens[1:4])
+    update = await asyncio.to_thread(_grpo, own_server, COMPLETIONS[0], COMPLETIONS[1:4])
     results = await asyncio.gather(*requests)
     assert update.status_code == 200 and update.json()["is_published"]
     assert len(results) == 32 and all(isinstance(r, str) for r in results)
 
 
-def test_bad_learning_requests(tiny_server) -> None:
-    assert _post(tiny_server, "/adapters/executor/rollback").status_code == 404
-    bad = _post(tiny_server, "/adapters/planner/grpo", {"groups": [{"messages": PROMPT, "completions": [
+def test_bad_learning_requests(own_server) -> None:
+    assert _post(own_server, "/adapters/executor/rollback").status_code == 404
+    bad = _post(own_server, "/adapters/planner/grpo", {"groups": [{"messages": PROMPT, "completions": [
         {"text": "only one", "reward": 1.0}]}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("groups")
 
 
-def test_learning_questions_feed_online_updates(tiny_server, openai_client: OpenAI) -> None:
+def test_learning_questions_feed_online_updates(own_server, own_openai_client: OpenAI) -> None:
     def updates() -> float:
         total = 0.0
-        for line in httpx.get(f"{tiny_server.base_url}/metrics").text.splitlines():
+        for line in httpx.get(f"{own_server.base_url}/metrics").text.splitlines():
             if line.startswith("mia_learner_updates_total"):
                 total += float(line.split()[-1])
         return total
 
     before = updates()
     for i in range(2):  # learner.batch_size = 2 in configs/tiny.toml
-        openai_client.chat.completions.create(
+        own_openai_client.chat.completions.create(
             model="mia", messages=[{"role": "user", "content": f"Which city is on river number {i}?"}],
             extra_body={"rollouts": 4, "learn": True, "ground_truth": ["Paris"]})
     for _ in range(100):

@@ -49,7 +49,7 @@ class CountingEncoder:
 
 @pytest.fixture(scope="session")
 def embedder() -> Iterator[Embedder]:
-    encoder = Embedder(EmbedderConfig(batch_wait_ms=0.0))
+    encoder = Embedder(EmbedderConfig(batch_wait_ms=0.0, dtype="float32"))  # exact vectors on any CPU
     yield encoder
     encoder.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from mia_engine.tools.corpus import (
     WIKI_OFFLINE,
+    BuildProgress,
     build_index,
     index_key,
     load_corpus,
@@ -28,8 +30,8 @@ class FakeEncoder:
 
     def encode(self, texts):
         self.num_calls += 1
-        rng = np.random.default_rng(len(texts))
-        vectors = rng.normal(size=(len(texts), self.dim)).astype(np.float32)
+        vectors = np.stack([np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim) for t in texts])
+        vectors = vectors.astype(np.float32)  # (n, dim): each row a function of its text alone
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
@@ -79,6 +81,8 @@ def test_index_is_built_once_and_reused(tmp_path, wiki_slice):
     assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no temporary folder left behind
     index, passages, meta = load_index(folder)
     assert index.ntotal == 50 and passages == small.passages and meta.dim == 8 and meta.embedder == "fake"
+    # encoded longest first, stored in corpus order: row i is passage i's vector
+    assert np.allclose(index.reconstruct_n(0, 50), encoder.encode([p.contents for p in small.passages]))
     other = build_index(small, encoder, tmp_path, embedder_name="other", progress=False)
     assert other != folder and index_key(small, "fake", "passage: ") != index_key(small, "fake")
 
@@ -91,3 +95,20 @@ def test_failed_build_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         build_index(load_corpus(WIKI_OFFLINE, limit=5), Broken(), tmp_path, embedder_name="x", progress=False)
     assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_build_progress_is_readable_while_the_index_builds(tmp_path):
+    seen: list[str] = []
+    tracker = BuildProgress()
+    assert tracker.describe() == "preparing the search index" and tracker.eta_s() is None
+
+    class Watching(FakeEncoder):
+        def encode(self, texts):
+            seen.append(tracker.describe())
+            return super().encode(texts)
+
+    small = load_corpus(WIKI_OFFLINE, limit=40)
+    build_index(small, Watching(), tmp_path, embedder_name="w", batch_size=16, progress=False, tracker=tracker)
+    assert seen[0].startswith("building the search index: 0/40 passages (0%)")
+    assert seen[1].startswith("building the search index: 16/40 passages (40%), about ") and seen[1].endswith(" s left")
+    assert (tracker.num_done, tracker.num_total) == (40, 40) and tracker.eta_s() == 0
