@@ -126,6 +126,13 @@ class RoleConfig(_Frozen):
     alias_of: str = ""
     """Serve this role as another role (e.g. judge = manager); other fields must stay empty."""
     sampling: SamplingDefaults = SamplingDefaults()
+    """Defaults of requests sent to this role's model id. The research agent (model ``mia``) sends
+    its own per-stage sampling from ``[agent]`` (``agent.planner``, ``agent.executor``, ...), which
+    decides for every call the loop makes."""
+    chat_template_kwargs: dict[str, bool | int | float | str] = {}
+    """Extra variables of the chat template for every prompt of this role, e.g.
+    ``{enable_thinking = false}`` on Qwen3 for the Manager, judge and Router (the reference runs them
+    without thinking)."""
 
 
 class ModelsConfig(_Frozen):
@@ -246,6 +253,10 @@ def _check(config: MIAConfig) -> None:
     for name, role in config.roles.items():
         _check_role(config, name, role)
     _check_positive("server.max_n", config.server.max_n)
+    if config.learner.temperature != config.agent.planner_rollout_temperature:
+        raise ConfigError(f"learner.temperature: {config.learner.temperature} must equal "
+                          f"agent.planner_rollout_temperature ({config.agent.planner_rollout_temperature}), the "
+                          "temperature the Planner's learned tokens are sampled at")
     if not 0 <= config.server.port <= 65535:
         raise ConfigError(f"server.port: {config.server.port} is not a TCP port")
 
@@ -273,8 +284,8 @@ def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
             raise ConfigError(f"{prefix}.alias_of: unknown role {role.alias_of!r}")
         if target.alias_of:
             raise ConfigError(f"{prefix}.alias_of: {role.alias_of!r} is itself an alias")
-        if role.engine or role.adapter:
-            raise ConfigError(f"{prefix}: an alias takes no engine or adapter")
+        if role.engine or role.adapter or role.chat_template_kwargs:
+            raise ConfigError(f"{prefix}: an alias takes no engine, adapter or chat_template_kwargs")
         return
     if role.engine not in config.engines:
         raise ConfigError(f"{prefix}.engine: unknown engine {role.engine!r}")

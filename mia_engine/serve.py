@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 import uvicorn
 import uvloop
@@ -39,8 +40,9 @@ class Services:
         planner = config.agent.roles.planner
         self.learner = TestTimeLearner(config.learner, self.roles.adapters,
                                        config.resolved_data_dir() / "adapters" / planner, planner,
-                                       on_update=self.metrics.record_update)
+                                       on_update=self._after_update)
         self.encoders: list[Embedder] = []
+        self._background: set[asyncio.Future] = set()
 
     async def start(self) -> None:
         """Encoder and memory first; then the passage index builds while the model converts and the
@@ -77,6 +79,23 @@ class Services:
             await self.learner.start(engine.model_dir)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
+
+    def _after_update(self, report: Any) -> None:
+        """Every learner update: metrics, and after a published one the memory's selective clearing
+        (``memory.clear_policy``; paper: the buffer is cleared after each update so it doesn't saturate)."""
+        self.metrics.record_update(report)
+        if report.is_published and self.memory.is_ready():
+            task = asyncio.ensure_future(self._clear_memory())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _clear_memory(self) -> None:
+        try:
+            result = await self.memory.clear_after_update()
+        except Exception:
+            log.exception("clearing the memory after an update failed")
+            return
+        log.info("memory cleared after the update (%s): %s", self.config.memory.clear_policy, result)
 
     async def _learn(self, rollouts: list[Rollout]) -> None:
         samples = rollout_samples(rollouts, uuid.uuid4().hex)

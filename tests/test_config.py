@@ -62,3 +62,9 @@ def test_cli_errors_are_one_line(args: list[str], expected: str) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m mia_engine: error:") and expected in lines[0]
+
+
+def test_the_learner_scores_tokens_at_the_temperature_they_were_sampled_at() -> None:
+    with pytest.raises(ConfigError, match="learner.temperature: 0.7 must equal agent.planner_rollout_temperature"):
+        load_config("tiny", {"learner.temperature": 0.7})
+    assert load_config("tiny", {"learner.temperature": 0.7, "agent.planner_rollout_temperature": 0.7})

@@ -122,12 +122,24 @@ class AgentConfig(_Frozen):
     """Plans per question on the low-latency path (no learning, no Router)."""
     max_turns: int = 20
     """Executor assistant turns per trajectory (reference: 20 serving, 30 inference; paper: 10)."""
-    tool_response_max_words: int = 512
-    """Words of a tool response shown to the Executor (reference serving value)."""
+    tool_response_max_words: int = 0
+    """Words of a tool response shown to the Executor; 0 = all of it (the reference cuts only the
+    traces shown to the Planner and the Manager, ``trace_max_words``)."""
     trace_max_words: int = 1024
     """Words of each tool response kept in the traces shown to the Planner, reviewers and Manager."""
     max_replans: int = 1
     """Reflections that may trigger a replan per trajectory (paper: at most once)."""
+    replan_max_turns: int = 0
+    """Executor turns after a replan: a budget of its own, as in the reference (20 calls in its
+    serving code); 0 = ``max_turns``."""
+    answer_from: Literal["trajectory", "evidence"] = "trajectory"
+    """Where the returned answer comes from. ``trajectory``: the Executor's own ``<answer>`` (paper and
+    reference). ``evidence``: after the ReAct loop, one short Executor call that sees only the question
+    and the passages its searches returned (no plan, no thinking), so a small model answers from the
+    evidence instead of repeating a guess from its plan; falls back to the trajectory's answer when
+    no search succeeded. The embedded 135M default uses it (bench/RESULTS.md, section 5)."""
+    evidence_max_words: int = 600
+    """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
     planner_max_words: int = 400
     """Word limit the plan prompt asks for (text questions)."""
     planner_max_words_image: int = 300
@@ -157,10 +169,17 @@ class AgentConfig(_Frozen):
     """Bounds of the Executor regex."""
     executor_stop: tuple[str, ...] = ("<tool_response>",)
     """Stop strings of an Executor turn: the model must not write the tool's answer itself."""
-    planner: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048)
-    """Planner sampling for the single plan, the reflection and the replan (temperature 0 at inference)."""
+    planner: RoleSampling = RoleSampling(temperature=0.0, max_tokens=4096)
+    """Planner sampling for the single plan, the reflection and the replan at inference (temperature 0;
+    4096 tokens leave a thinking model room to think before it plans)."""
     planner_rollout_temperature: float = 1.0
-    """Planner temperature when sampling G > 1 plans (G identical greedy plans would carry no signal)."""
+    """Planner temperature when sampling G > 1 plans or learning: the plan, the reflection and the
+    replan are then all sampled at it, unconstrained, from the policy the learner trains (its
+    ``learner.temperature`` must be the same)."""
+    reflection_max_tokens: int = 512
+    """Budget of the yes/no reflection (a short think is allowed, as in the reference)."""
+    answer: RoleSampling = RoleSampling(temperature=0.0, max_tokens=48)
+    """Sampling of the evidence answer (``answer_from = "evidence"``)."""
     executor: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048, presence_penalty=1.1)
     """Executor sampling per turn (reference: temperature 0, presence penalty 1.1)."""
     router: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
@@ -186,7 +205,11 @@ class AgentConfig(_Frozen):
         _require(self.num_rollouts >= 1 and self.num_rollouts_low_latency >= 1, "num_rollouts must be >= 1")
         _require(self.max_turns >= 1, "max_turns must be >= 1")
         _require(self.max_replans >= 0, "max_replans must be >= 0")
-        words = (self.tool_response_max_words, self.trace_max_words, self.planner_max_words,
+        _require(self.replan_max_turns >= 0 and self.tool_response_max_words >= 0,
+                 "replan_max_turns and tool_response_max_words must be >= 0")
+        _require(self.reflection_max_tokens >= 1 and self.evidence_max_words >= 1,
+                 "reflection_max_tokens and evidence_max_words must be >= 1")
+        words = (self.trace_max_words, self.planner_max_words,
                  self.planner_max_words_image, self.replan_max_words, self.summary_max_words,
                  self.review_reason_max_words)
         _require(min(words) >= 1, "word limits must be >= 1")

@@ -94,11 +94,12 @@ def build_review(kind: ReviewerKind, question: str, trajectory: str, prediction:
     return _user(_REVIEW_TEMPLATES[kind].render(**fields)), sampling_options(config.reviewer, json_schema=schema)
 
 
-def build_area_chair(question: str, prediction: str, reviews: Sequence[Review],
+def build_area_chair(question: str, trajectory: str, prediction: str, reviews: Sequence[Review],
                      config: AgentConfig) -> tuple[Messages, SamplingOptions]:
+    """The Area Chair reads the trajectory itself, not only the reviews (as in the reference)."""
     weights = config.review_weights
     text = prompts.AREA_CHAIR.render(
-        question=question, prediction=prediction, reviews=prompts.render_reviews(reviews),
+        question=question, trajectory=trajectory, prediction=prediction, reviews=prompts.render_reviews(reviews),
         w_logic=weights.logic, w_sourcing=weights.sourcing, w_validity=weights.validity)
     schema = area_chair_schema() if config.structured_judges else None
     return _user(text), sampling_options(config.area_chair, json_schema=schema)
@@ -120,7 +121,7 @@ async def judge_unsupervised(client: ChatClient, config: AgentConfig, question: 
     requests = [build_review(kind, question, trajectory, prediction, config) for kind in REVIEWERS]
     texts = await asyncio.gather(*(complete(client, config.roles.judge, m, o) for m, o in requests))
     reviews = [parse_review(kind, text[0]) for kind, text in zip(REVIEWERS, texts)]
-    messages, options = build_area_chair(question, prediction, reviews, config)
+    messages, options = build_area_chair(question, trajectory, prediction, reviews, config)
     (text,) = await complete(client, config.roles.judge, messages, options)
     return unsupervised_verdict(reviews, text)
 

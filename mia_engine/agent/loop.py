@@ -21,7 +21,7 @@ import msgspec
 from . import judge, prompts
 from .config import AgentConfig
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
-from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema
+from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema, strip_think
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from ..memory.entries import Rollout as MemoryRollout
@@ -43,6 +43,15 @@ class ResearchRequest(msgspec.Struct, frozen=True):
     """Judge (unsupervised without ground truth), reward and consolidate memory."""
     data_id: str = ""
     """Key of the question in the image-search cache."""
+    use_memory: bool = True
+    """Retrieve memories for the plan and (when learning) store workflows; False = no memory at all."""
+    use_planner: bool = True
+    """False: the Executor alone runs plain ReAct (no plan, no reflection, no Router): a baseline."""
+
+    @property
+    def is_exploring(self) -> bool:
+        """Plans, reflections and replans are sampled from the policy (G > 1 or learning)."""
+        return self.num_rollouts > 1 or self.learn
 
 
 class ResearchResult(msgspec.Struct):
@@ -73,18 +82,26 @@ class ResearchAgent:
         emit = emit or _ignore
         timings: dict[str, float] = {}
         clock = _Clock(timings)
-        with clock("retrieve"):
-            memories, used_ids = await self._retrieve(request.question)
-        with clock("plan"):
-            plan_prompt, completions = await self._plan(request, memories)
-        plans = [c.text.strip() for c in completions]
+        memories, used_ids = prompts.NO_MEMORIES, []
+        if request.use_memory and request.use_planner:
+            with clock("retrieve"):
+                memories, used_ids = await self._retrieve(request.question)
+        plan_prompt: list[int] = []
+        completions: list[Completion | None] = [None] * request.num_rollouts
+        if request.use_planner:
+            with clock("plan"):
+                plan_prompt, planned = await self._plan(request, memories)
+            completions = list(planned)
+        plans = [strip_think(c.text) if c is not None else "" for c in completions]
         emit("plans", {"num_plans": len(plans)})
         with clock("route"):
-            chosen = await self._route(request.question, plans)
+            chosen = await self._route(request.question, plans) if request.use_planner else 0
         emit("plan_chosen", {"index": chosen, "plan": prompts.truncate_words(plans[chosen], 80)})
         with clock("execute"):
-            runs = await asyncio.gather(*(self.runner.run(request.question, plan_prompt, c, i, emit,
-                                                          request.data_id) for i, c in enumerate(completions)))
+            runs = await asyncio.gather(*(
+                self.runner.run(request.question, plan_prompt, c, i, emit, request.data_id,
+                                explore=request.is_exploring)
+                for i, c in enumerate(completions)))
         rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                     for plan, (trajectory, ex, rf) in zip(plans, runs)]
         new_ids: list[str] = []
@@ -93,11 +110,12 @@ class ResearchAgent:
                 rollouts = await self._judge(request, rollouts)
             rollouts = _with_rewards(rollouts, self.config)
             emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
+        if request.learn and request.use_memory:  # only a request that asked to learn writes memory
             with clock("consolidate"):
                 new_ids = await self._consolidate(request.question, rollouts, used_ids, rollouts[chosen])
-            if request.learn and self.on_learn is not None:
-                with clock("learn_submit"):
-                    await self.on_learn(rollouts)
+        if request.learn and self.on_learn is not None and request.use_planner:
+            with clock("learn_submit"):
+                await self.on_learn(rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
                               new_ids, timings)
@@ -114,7 +132,7 @@ class ResearchAgent:
         text = prompts.render_plan_prompt(request.question, memories, self.config.planner_max_words)
         messages = [{"role": "user", "content": text}]
         num = request.num_rollouts
-        temperature = self.config.planner_rollout_temperature if num > 1 else None
+        temperature = self.config.planner_rollout_temperature if request.is_exploring else None
         options = sampling_options(self.config.planner, n=num, temperature=temperature)
         prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)
         return prompt_ids, await complete_ids(self.client, self.config.roles.planner, prompt_ids, options)
@@ -185,7 +203,7 @@ class ResearchAgent:
                                         sampling_options(self.config.manager))
         except ValueError:
             summary = ""
-        return prompts.truncate_words(summary.strip(), self.config.summary_max_words) or rollout.plan[:500] or "-"
+        return prompts.truncate_words(strip_think(summary), self.config.summary_max_words) or rollout.plan[:500] or "-"
 
 
 def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:

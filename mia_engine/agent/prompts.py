@@ -69,7 +69,7 @@ The agent followed your plan. Here is its trajectory:
 {trace}
 Decide whether the agent needs a revised plan. Answer "yes" if a step lacks tool support (a claim \
 no search result backs), the reasoning has gaps, or the answer is incomplete or doubtful. Answer \
-"no" if the answer is well supported.
+"no" if the answer is well supported. Use replan over accepting borderline solutions.
 Reply with exactly one word: yes or no.
 """)
 
@@ -130,6 +130,17 @@ Give only the answer inside <answer>...</answer>.""")
 """Appended to the last tool response when the turn cap forces an answer (``agent.force_final_answer``)."""
 
 TOOL_RESPONSE = Template("executor.tool_response", "<tool_response>\n{text}\n</tool_response>")
+
+EVIDENCE_ANSWER = Template("executor.evidence_answer", """\
+Answer the question using only the passages below. Reply with the answer alone (a name, a number, a \
+date or a short phrase), copied from the passages.
+
+Passages:
+{passages}
+
+Question: {question}
+""")
+"""The answer-only call of ``agent.answer_from = "evidence"``: the question and the retrieved passages, nothing else."""
 
 # ---- Router --------------------------------------------------------------------------------------
 
@@ -216,11 +227,16 @@ AREA_CHAIR = Template("judge.area_chair", """\
 You are the Area Chair deciding whether a research agent's answer is correct. Three reviewers \
 assessed it; weigh them as Reasoning & Logical Consistency {w_logic}, Information Sourcing & \
 Credibility {w_sourcing}, Result Validity {w_validity}.
-Do not average the scores. A fatal flaw (a hallucinated or misread fact the answer depends on, or \
-an answer to a different question) makes the answer incorrect even if other reviews are good; \
+Do not average the scores. Read the trajectory yourself and check the reviews against it. The answer \
+is correct only if all of these hold: (1) it answers exactly the question asked; (2) every fact it \
+depends on appears in a tool result of the trajectory, read correctly; (3) the reasoning from those \
+results to the answer has no gap. A fatal flaw (a hallucinated or misread fact the answer depends on, \
+or an answer to a different question) makes the answer incorrect even if other reviews are good; \
 minor flaws in presentation do not.
 
 Question: {question}
+Trajectory:
+{trajectory}
 Final answer: {prediction}
 
 Reviews:
@@ -247,7 +263,7 @@ Trajectory:
 
 TEMPLATES: tuple[Template, ...] = (
     PLAN, CAPTION_BLOCK, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
-    REPLAN_CONTINUATION, TOOL_RESPONSE, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
+    REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
     REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
 )
 """All templates (tests render each with its declared fields)."""
@@ -283,7 +299,9 @@ def render_executor_prompt(tool_schemas: Iterable[dict], question: str, plan: st
 
 
 def truncate_words(text: str, max_words: int, marker: str = " ... (truncated)") -> str:
-    """The first ``max_words`` whitespace-separated words, keeping the original line breaks."""
+    """The first ``max_words`` whitespace-separated words, keeping the original line breaks; 0 = all."""
+    if max_words <= 0:
+        return text
     for count, word in enumerate(re.finditer(r"\S+", text), 1):
         if count == max_words + 1:
             return text[: word.start()].rstrip() + marker

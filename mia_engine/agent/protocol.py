@@ -148,12 +148,13 @@ class Rollout(msgspec.Struct, frozen=True):
 
 
 def strip_think(text: str) -> str:
-    """The text after the last think tag (a reasoning model's visible answer)."""
-    cut = max(text.rfind(THINK_OPEN), text.rfind(THINK_CLOSE))
-    if cut < 0:
-        return text.strip()
-    tag = THINK_CLOSE if text.startswith(THINK_CLOSE, cut) else THINK_OPEN
-    return text[cut + len(tag):].strip()
+    """A reasoning model's visible text: what follows the last ``</think>`` (the reference's
+    ``extract_after_think``). Thinking cut off by the token budget (an unclosed ``<think>``) is hidden
+    too: only what came before it is visible."""
+    close_at, open_at = text.rfind(THINK_CLOSE), text.rfind(THINK_OPEN)
+    if open_at > close_at:
+        return text[:open_at].strip() if close_at < 0 else text[close_at + len(THINK_CLOSE): open_at].strip()
+    return text[close_at + len(THINK_CLOSE):].strip() if close_at >= 0 else text.strip()
 
 
 def is_think_balanced(text: str) -> bool:

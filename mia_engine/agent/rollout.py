@@ -8,16 +8,19 @@ encoder forward and one FAISS search per batch.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from . import prompts
 from .config import AgentConfig
 from ..engines.protocol import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .protocol import (ExecutorTurn, Observation, PlannerTokens, Trajectory, executor_turn_regex,
-                       parse_executor_turn, parse_yes_no)
+                       parse_executor_turn, parse_yes_no, strip_think)
 from ..tools.registry import ToolContext, Tools
 
 Messages = list[dict[str, str]]
@@ -25,6 +28,10 @@ Emit = Callable[[str, dict], None]
 """Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 
 YES_NO_REGEX = "yes|no"
+EVIDENCE_REGEX = r"[^\s<][^\n<]{{0,{max_chars}}}"
+"""An evidence answer: one line, starting with a visible character, no tags."""
+ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)
+"""An ``<answer>`` and its body (to the end when unclosed): stripped from the turn a replan continues."""
 
 
 @dataclass
@@ -57,36 +64,60 @@ class RolloutRunner:
         self._turn_regexes = {allow: executor_turn_regex(tools.names(), allow_answer=allow, **regex_limits)
                               for allow in (True, False)}
         self._answer_regex = executor_turn_regex([], **regex_limits)
+        self._evidence_regex = EVIDENCE_REGEX.format(max_chars=limits.max_answer_chars)
 
-    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion, index: int, emit: Emit,
-                  data_id: str = "") -> tuple[Trajectory, float, float]:
-        """(trajectory, executor seconds, reflection seconds) of one plan."""
-        plan = plan_completion.text.strip()
-        planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids)
+    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, index: int,
+                  emit: Emit, data_id: str = "", *, explore: bool = False) -> tuple[Trajectory, float, float]:
+        """(trajectory, executor seconds, reflection seconds) of one plan; without a plan (None) the
+        Executor runs plain ReAct: no guide, no reflection. ``explore``: the Planner's reflection and
+        replan are sampled from the policy as the learner scores them (the rollout temperature,
+        unconstrained), not greedily."""
+        plan = strip_think(plan_completion.text) if plan_completion is not None else ""
+        planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [])
         context = ToolContext(data_id)
-        executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan)
+        executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan or None)
         run = _Run([{"role": "user", "content": executor_prompt}], question)
         start = time.perf_counter()
         await self._react(run, context, index, emit, self.config.max_turns)
-        first_answer = run.last_answer()
+        first_answer = await self._answer(run, index, emit)
         execute_s = time.perf_counter() - start
         reflection, replan, replan_turn, reflect_s = "", "", -1, 0.0
-        if self.config.max_replans > 0:
+        if self.config.max_replans > 0 and plan_completion is not None:
             reflect_start = time.perf_counter()
-            reflection, replan = await self._reflect(question, planner, run, index, emit)
+            reflection, replan = await self._reflect(question, planner, run, index, emit, explore)
             reflect_s = time.perf_counter() - reflect_start
+        final_answer = first_answer
         if replan:
             replan_turn = len(run.turns)
             _continue_with(run, replan)
             more_start = time.perf_counter()
-            await self._react(run, context, index, emit, max(1, self.config.max_turns - len(run.turns)))
+            await self._react(run, context, index, emit, self.config.replan_max_turns or self.config.max_turns)
+            final_answer = await self._answer(run, index, emit)
             execute_s += time.perf_counter() - more_start
-        final_answer = run.last_answer() if replan else first_answer
         trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
                                 bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls,
                                 planner.tokens())
         emit("answer", {"rollout": index, "answer": final_answer})
         return trajectory, execute_s, reflect_s
+
+    async def _answer(self, run: _Run, index: int, emit: Emit) -> str | None:
+        """The trajectory's answer: the Executor's own, or (``answer_from = "evidence"``) one read off the
+        passages its searches returned."""
+        own = run.last_answer()
+        evidence = [o.text for o in run.observations if o is not None and o.is_success and o.tool == "search"]
+        if self.config.answer_from != "evidence" or not evidence:
+            return own
+        passages = prompts.truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
+        text = prompts.EVIDENCE_ANSWER.render(passages=passages, question=run.question)
+        options = sampling_options(self.config.answer, stop=["\n"],
+                                   regex=self._evidence_regex if self.config.structured_executor else None)
+        try:
+            (answer,) = await complete(self.client, self.config.roles.executor, [{"role": "user", "content": text}],
+                                       options)
+        except ValueError as err:
+            emit("executor_stopped", {"rollout": index, "detail": str(err)})
+            return own
+        return strip_think(answer).strip() or own
 
     async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
         """Think → tool call or answer, until an answer, a turn without a call, or the turn cap."""
@@ -145,25 +176,31 @@ class RolloutRunner:
         return observation
 
     async def _reflect(self, question: str, planner: _PlannerTranscript, run: _Run, index: int,
-                       emit: Emit) -> tuple[str, str]:
+                       emit: Emit, explore: bool) -> tuple[str, str]:
         """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once.
 
         Its conversation continues in token space from the plan exactly as sampled, so the reflection and
-        the replan are conditioned on the Planner's own tokens, as the learner will score them."""
+        the replan are conditioned on the Planner's own tokens, as the learner will score them; when
+        exploring they are sampled as the learner assumes (rollout temperature, no constraint)."""
         trace = prompts.render_trace(question, run.turns, run.observations, self.config.trace_max_words)
-        regex = YES_NO_REGEX if self.config.structured_judges else None
-        decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace),
-                                            sampling_options(self.config.planner, regex=regex))
+        sampling = self.config.planner
+        temperature = self.config.planner_rollout_temperature if explore else None
+        regex = YES_NO_REGEX if self.config.structured_judges and not explore else None
+        decision_options = msgspec.structs.replace(
+            sampling_options(sampling, regex=regex, temperature=temperature),
+            max_tokens=min(sampling.max_tokens, self.config.reflection_max_tokens))
+        decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
         if decision is None:
             return "", ""
         if not parse_yes_no(decision):
             return decision, ""
         replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
-                                          sampling_options(self.config.planner))
-        if replan is None:
+                                          sampling_options(sampling, temperature=temperature))
+        replan = strip_think(replan) if replan is not None else ""
+        if not replan:
             return decision, ""
         emit("replan", {"rollout": index, "replan": prompts.truncate_words(replan, 80)})
-        return decision, replan.strip() or ""
+        return decision, replan
 
     async def _planner_turn(self, planner: _PlannerTranscript, user_text: str,
                             options: SamplingOptions) -> str | None:
@@ -202,7 +239,13 @@ class _PlannerTranscript:
 
 
 def _continue_with(run: _Run, replan: str) -> None:
-    """Strip the Executor's last answer turn and hand it the revised plan (the reference's words)."""
-    if run.turns and run.turns[-1].tool_call is None and run.messages[-1]["role"] == "assistant":
-        run.messages.pop()
+    """Keep the Executor's last turn minus its ``<answer>`` and hand it the revised plan (the
+    reference's words)."""
+    last = run.messages[-1]
+    if run.turns and run.turns[-1].tool_call is None and last["role"] == "assistant":
+        kept = ANSWER_BLOCK.sub("", last["content"]).strip()
+        if kept:
+            run.messages[-1] = {**last, "content": kept}
+        else:
+            run.messages.pop()
     run.messages.append({"role": "user", "content": prompts.REPLAN_CONTINUATION.render(replan=replan)})

@@ -43,6 +43,8 @@ class RoleTarget:
     """The role whose adapter versions serve this id (None: the bare base model)."""
     sampling: SamplingDefaults
     owned_by: str
+    template_kwargs: dict[str, Any]
+    """The role's ``chat_template_kwargs``."""
 
 
 class RoleServer:
@@ -77,7 +79,7 @@ class RoleServer:
             log.info("starting engine %s from %s", name, path)
             await engine.start()
             self.engines[name] = engine
-            self._targets[name] = RoleTarget(engine, None, SamplingDefaults(), "engine")
+            self._targets[name] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
         for name in self.config.roles:
             canonical, role = resolve_role(self.config, name)
             engine = self.engines[role.engine]
@@ -85,7 +87,8 @@ class RoleServer:
                 path = self.initial_adapters.get(name) or await loop.run_in_executor(
                     None, adapter_dir, role.adapter, self.config.engines[role.engine].model, self.home)
                 await self.adapters.register(name, engine, path)
-            self._targets[name] = RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role")
+            self._targets[name] = RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role",
+                                             dict(role.chat_template_kwargs))
 
     def shutdown(self) -> None:
         for engine in self.engines.values():
@@ -134,19 +137,21 @@ class RoleServer:
         return requested
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
-        tokenizer = self._targets[model].engine.tokenizer
+        target = self._targets[model]
+        tokenizer = target.engine.tokenizer
 
         def render() -> list[int]:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                 **target.template_kwargs)
             return tokenizer.encode(text, add_special_tokens=False)
 
         return await asyncio.get_running_loop().run_in_executor(None, render)
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
-        tokenizer = self._targets[model].engine.tokenizer
+        target = self._targets[model]
 
         def extend() -> list[int]:
-            glue = turn_glue(tokenizer, user_text)
+            glue = turn_glue(target.engine.tokenizer, user_text, **target.template_kwargs)
             if ids and glue and ids[-1] == glue[0]:  # the sampled end-of-turn token is already there
                 glue = glue[1:]
             return [*ids, *glue]
@@ -181,13 +186,13 @@ class RoleServer:
 _SENTINEL = "\u2063MIA-ASSISTANT-TURN\u2063"
 
 
-def turn_glue(tokenizer: Any, user_text: str) -> list[int]:
+def turn_glue(tokenizer: Any, user_text: str, **template_kwargs: Any) -> list[int]:
     """The tokens the chat template puts between an assistant turn's content and the next assistant turn:
     end of turn, the user's message, the generation prompt. Found by rendering a conversation whose
     assistant content is a sentinel and keeping what follows it."""
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": "-"}, {"role": "assistant", "content": _SENTINEL},
-         {"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True)
+         {"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True, **template_kwargs)
     _, found, after = text.partition(_SENTINEL)
     if not found:
         raise ValueError("the chat template does not render assistant content verbatim")

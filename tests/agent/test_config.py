@@ -11,7 +11,7 @@ from mia_engine.agent.config import AgentConfig, ToolsConfig
 def test_defaults():
     config = AgentConfig()
     assert (config.num_rollouts, config.num_rollouts_low_latency, config.max_turns) == (4, 1, 20)
-    assert (config.tool_response_max_words, config.max_replans, config.planner_max_words) == (512, 1, 400)
+    assert (config.tool_response_max_words, config.max_replans, config.planner_max_words) == (0, 1, 400)  # 0: uncut (reference)
     assert config.structured_executor and config.structured_judges
     r = config.rewards
     assert (r.final, r.first, r.format, r.decision) == (0.7, 0.2, 0.05, 0.05)

@@ -77,8 +77,9 @@ def test_review_and_area_chair_requests():
     validity, _ = build_review("validity", "Q?", "### Round 1 ...", "Lima", CONFIG)
     assert "### Round 1" not in validity[0]["content"]  # result validity sees question and output only
     reviews = [Review("logic", 8, "ok"), Review("sourcing", 2, "invented"), Review("validity", 9, "answers")]
-    messages, options = build_area_chair("Q?", "Lima", reviews, CONFIG)
+    messages, options = build_area_chair("Q?", "### Round 1: search Peru -> Lima", "Lima", reviews, CONFIG)
     assert "0.5" in messages[0]["content"] and "invented" in messages[0]["content"]
+    assert "### Round 1: search Peru -> Lima" in messages[0]["content"]  # the Area Chair reads the trajectory
     assert options.json_schema["properties"]["decision"]["enum"] == ["A", "B"] and options.temperature == 0.0
 
 

@@ -9,6 +9,8 @@ import msgspec
 
 from mia_engine.agent.config import AgentConfig, ToolsConfig
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
+from mia_engine.agent.protocol import parse_executor_turn
+from mia_engine.agent.rollout import _continue_with, _Run
 from mia_engine.engines.protocol import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, SearchResult
 from mia_engine.tools.corpus import Passage
@@ -179,7 +181,7 @@ async def test_g_plans_route_judge_reward_and_consolidate() -> None:
         return role_script(executor=executor)(model, prompt, options)
 
     agent, client, memory = agent_with(script)
-    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=4))
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=4, learn=True))
     assert len(result.rollouts) == 4 and result.chosen == 1  # the router said plan 2
     planner_calls = [p for m, p in client.calls if m == "planner" and "Reply with exactly" not in p]
     assert len(planner_calls) == 1  # one request, n = G
@@ -219,3 +221,110 @@ async def test_the_answer_only_turn_is_told_so_and_restates_the_question() -> No
     assert executor_prompts[2].startswith("<tool_response>")
     assert "answer the question: Which river flows through Paris?" in executor_prompts[2]
     assert result.answer == "Seine"
+
+
+async def test_ground_truth_alone_judges_but_writes_no_memory() -> None:
+    agent, client, memory = agent_with(role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL))
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"]))
+    assert result.rollouts[0].verdict is not None and result.rollouts[0].verdict.is_correct
+    assert memory.consolidated == [] and memory.outcomes == [] and result.new_memory_ids == []
+
+
+async def test_thinking_never_reaches_the_executor_the_answer_or_memory() -> None:
+    """A thinking Planner and Manager: their <think> text is stripped wherever a plan, replan or summary
+    is used (the reference's extract_after_think)."""
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "planner":
+            if "Reply with exactly one word" in prompt:
+                return "<think>PRIVATE-R</think>yes"
+            if "revised plan" in prompt:
+                return "<think>PRIVATE-2</think>2. search the river's name"
+            return "<think>PRIVATE-1 the answer is surely Rhine</think>1. search for the river"
+        if model == "manager":
+            return "<think>PRIVATE-M</think>1. **search** (q -> Seine)"
+        return role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL)(model, prompt, options)
+
+    agent, client, memory = agent_with(script)
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=2, learn=True))
+    executor_prompts = "\n".join(p for m, p in client.calls if m in ("executor", "router"))
+    assert "1. search for the river" in executor_prompts and "2. search the river's name" in executor_prompts
+    assert "PRIVATE" not in executor_prompts
+    assert all("PRIVATE" not in r.plan and "PRIVATE" not in r.trajectory.replan for r in result.rollouts)
+    assert "PRIVATE" not in result.answer and "search" not in result.answer
+    stored = [record for group in memory.consolidated for record in group]
+    assert stored and all("PRIVATE" not in record.workflow_summary and "PRIVATE" not in record.plan
+                          for record in stored)
+
+
+async def test_a_replan_gets_its_own_turn_budget_and_can_search() -> None:
+    """The first pass uses its whole budget; the replan still gets max_turns turns of its own, keeps the
+    last turn minus its answer, and searches again before it answers."""
+    def executor(prompt: str) -> str:
+        return CALL if prompt.startswith("<tool_response>") or "revised plan" in prompt else CALL
+
+    agent, client, _ = agent_with(role_script(executor=executor, reflection="yes"), max_turns=3,
+                                  force_final_answer=True)
+    result = await agent.research(ResearchRequest("q"))
+    trajectory = result.rollouts[0].trajectory
+    assert trajectory.did_replan and trajectory.replan_turn == 3
+    assert len(trajectory.turns) == 6  # 3 turns before the replan, 3 of its own after it
+    after = trajectory.turns[trajectory.replan_turn:]
+    assert after[0].tool_call is not None and trajectory.observations[trajectory.replan_turn] is not None
+    regexes = [o.regex for m, o in client.options if m == "executor"]
+    assert "<tool_call>" in regexes[3] and "<tool_call>" not in regexes[5]  # searches, then must answer
+
+
+def test_the_continued_turn_keeps_its_reasoning_without_its_answer() -> None:
+    turn = parse_executor_turn(ANSWER)
+    run = _Run([{"role": "user", "content": "question"}, {"role": "assistant", "content": turn.text}], "q", [turn])
+    _continue_with(run, "2. search again")
+    assert run.messages[1] == {"role": "assistant", "content": "<think>found</think>"}  # reasoning kept, answer gone
+    assert run.messages[2]["role"] == "user" and "2. search again" in run.messages[2]["content"]
+    bare = parse_executor_turn("<answer>Seine</answer>")
+    run = _Run([{"role": "user", "content": "question"}, {"role": "assistant", "content": bare.text}], "q", [bare])
+    _continue_with(run, "2. search again")
+    assert [m["role"] for m in run.messages] == ["user", "user"]  # nothing left of that turn: dropped
+
+
+async def test_learning_samples_the_planner_as_the_learner_assumes() -> None:
+    """Every Planner token the learner trains on (plan, reflection, replan) was sampled at the rollout
+    temperature without a constraint; at inference the same calls are greedy and the yes/no is forced."""
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="yes"))
+    await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True))
+    learned = [o for m, o in client.options if m == "planner"]
+    assert len(learned) == 3  # plan, reflection, replan
+    assert all(o.temperature == agent.config.planner_rollout_temperature and o.regex is None and
+               o.json_schema is None for o in learned)
+    client.options.clear()
+    await agent.research(ResearchRequest("q"))
+    served = [o for m, o in client.options if m == "planner"]
+    assert all(o.temperature == 0.0 for o in served) and served[1].regex == "yes|no"
+
+
+async def test_plain_react_has_no_planner_memory_or_guide() -> None:
+    agent, client, memory = agent_with(role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL))
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True, use_planner=False,
+                                                  use_memory=False))
+    assert result.answer == "Seine"
+    assert not any(m == "planner" for m, _ in client.calls)
+    assert "Here is a guide for your reference" not in [p for m, p in client.calls if m == "executor"][0]
+    assert memory.consolidated == [] and result.rollouts[0].trajectory.planner is None
+
+
+async def test_evidence_answers_come_from_the_passages_alone() -> None:
+    """answer_from = evidence: the answer call sees the question and the retrieved passages, not the
+    plan or the Executor's thinking; without a successful search the trajectory's answer stands."""
+    def executor(prompt: str) -> str:
+        if prompt.startswith("Answer the question using only the passages"):
+            return "Seine"
+        return "<think>it is the Rhine</think>\n<answer>Rhine</answer>" if prompt.startswith("<tool_response>") else CALL
+
+    agent, client, _ = agent_with(role_script(executor=executor), answer_from="evidence", max_replans=0)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert result.answer == "Seine" and result.rollouts[0].trajectory.turns[-1].answer == "Rhine"
+    (evidence_prompt,) = [p for m, p in client.calls if m == "executor" and p.startswith("Answer the question")]
+    assert "Doc 1(Title: Seine) The Seine flows through Paris." in evidence_prompt
+    assert "Which river flows through Paris?" in evidence_prompt
+    assert "Rhine" not in evidence_prompt and "search for the river" not in evidence_prompt
+    agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER), answer_from="evidence", max_replans=0)
+    assert (await agent.research(ResearchRequest("q"))).answer == "Seine"  # no search: its own answer

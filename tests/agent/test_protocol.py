@@ -240,4 +240,7 @@ def test_area_chair_parsing():
 def test_strip_think():
     assert strip_think("<think>a</think> b ") == "b"
     assert strip_think("plain") == "plain"
-    assert strip_think("<think>unfinished") == "unfinished"
+    # thinking cut off by the budget is not visible text (it used to leak into plans and answers)
+    assert strip_think("<think>unfinished") == ""
+    assert strip_think("before <think>unfinished") == "before"
+    assert strip_think("<think>a</think> plan <think>again, unfinished") == "plan"

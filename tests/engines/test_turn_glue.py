@@ -35,3 +35,36 @@ def test_extension_equals_the_re_rendered_conversation(tokenizer, ends_with_eos:
     whole = _render(tokenizer, [*question, {"role": "assistant", "content": plan},
                                 {"role": "user", "content": reply}])
     assert extended == whole
+
+
+# A Qwen3-style template that thinks unless told not to: with enable_thinking=false the generation prompt
+# carries an empty think block, so the model answers directly (the reference's Manager/judge/Router).
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+async def test_each_role_renders_with_its_own_template_kwargs(tokenizer) -> None:
+    from types import SimpleNamespace
+
+    from mia_engine.config import load_config
+    from mia_engine.engines.roles import RoleServer, RoleTarget
+
+    tokenizer.chat_template = THINKING_TEMPLATE
+    config = load_config("tiny", {"roles.manager.chat_template_kwargs": {"enable_thinking": False}})
+    assert config.roles["manager"].chat_template_kwargs == {"enable_thinking": False}
+    server = RoleServer(config)
+    engine = SimpleNamespace(tokenizer=tokenizer)
+    for name, role in config.roles.items():  # the targets start() builds, over a tokenizer-only engine
+        canonical = role.alias_of or name
+        server._targets[name] = RoleTarget(engine, None, role.sampling, "role",
+                                           dict(config.roles[canonical].chat_template_kwargs))
+    question = [{"role": "user", "content": "Is Lima the capital of Peru?"}]
+    for quiet in ("manager", "judge", "router"):  # judge and router are aliases of the manager
+        text = tokenizer.decode(await server.render_chat(quiet, question))
+        assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), quiet
+    planner = tokenizer.decode(await server.render_chat("planner", question))
+    assert planner.endswith("<|im_start|>assistant\n")  # the Planner thinks
+    glue = tokenizer.decode(await server.extend_chat("manager", [], "and Quito?"))
+    assert glue.endswith("<think>\n\n</think>\n\n")  # continued turns keep the role's kwargs
