@@ -75,13 +75,14 @@ class Trajectory(msgspec.Struct, frozen=True):
     observations: list[Observation | None]
     """Aligned with ``turns``: the tool result that followed each turn (None when none)."""
     first_answer: str | None
-    """Answer before any replan (the reward's acc(first))."""
+    """Answer before any replan (the reward's acc(first)): the Executor's own, or with
+    ``agent.answer_from = "evidence"`` the one read off its passages."""
     final_answer: str | None
     """Answer returned to the user (equal to ``first_answer`` without a replan)."""
     reflection: str = ""
     """The Planner's raw yes/no generation ("" when the reflection step did not run)."""
     replan: str = ""
-    """The Planner's raw replan generation ("" without a replan)."""
+    """The Planner's replan as the Executor read it, its thinking stripped ("" without a replan)."""
     did_replan: bool = False
     replan_turn: int = -1
     """Index of the first turn run under the replan; -1 without one."""

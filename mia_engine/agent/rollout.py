@@ -28,8 +28,6 @@ Emit = Callable[[str, dict], None]
 """Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 
 YES_NO_REGEX = "yes|no"
-EVIDENCE_REGEX = r"[^\s<][^\n<]{{0,{max_chars}}}"
-"""An evidence answer: one line, starting with a visible character, no tags."""
 ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)
 """An ``<answer>`` and its body (to the end when unclosed): stripped from the turn a replan continues."""
 
@@ -64,7 +62,6 @@ class RolloutRunner:
         self._turn_regexes = {allow: executor_turn_regex(tools.names(), allow_answer=allow, **regex_limits)
                               for allow in (True, False)}
         self._answer_regex = executor_turn_regex([], **regex_limits)
-        self._evidence_regex = EVIDENCE_REGEX.format(max_chars=limits.max_answer_chars)
 
     async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, index: int,
                   emit: Emit, data_id: str = "", *, explore: bool = False) -> tuple[Trajectory, float, float]:
@@ -109,8 +106,8 @@ class RolloutRunner:
             return own
         passages = prompts.truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
         text = prompts.EVIDENCE_ANSWER.render(passages=passages, question=run.question)
-        options = sampling_options(self.config.answer, stop=["\n"],
-                                   regex=self._evidence_regex if self.config.structured_executor else None)
+        # one line, no constraint: a bounded free-text regex costs xgrammar seconds to compile under load
+        options = sampling_options(self.config.answer, stop=["\n"])
         try:
             (answer,) = await complete(self.client, self.config.roles.executor, [{"role": "user", "content": text}],
                                        options)
