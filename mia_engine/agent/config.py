@@ -163,6 +163,11 @@ class AgentConfig(_Frozen):
     """With structured outputs, the query of the Executor's first search: ``model`` = its own (the
     reference); ``question`` = the question itself, enforced by the turn's regex (the model still writes
     its thinking). For models too small to write a search query (the embedded 135M default)."""
+    supervised_judge: Literal["llm", "match"] = "llm"
+    """How an answer is graded against ground truth: ``llm`` = the SimpleQA-style grader (paper,
+    reference); ``match`` = normalised exact-or-contains string match, for judge models too small to
+    grade (the embedded 135M model graded almost every answer correct: bench/RESULTS.md section 5).
+    The verdict labels memories and drives the rewards."""
     structured_judges: bool = True
     """Constrain grader, reviewers, Area Chair and Router outputs (letter regex / JSON schema)."""
     regex: RegexLimits = RegexLimits()

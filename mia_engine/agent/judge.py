@@ -75,6 +75,9 @@ async def judge_supervised(client: ChatClient, config: AgentConfig, question: st
                            gold_answers: Sequence[str], prediction: str | None) -> Verdict:
     if not prediction or not prediction.strip():
         return not_attempted("supervised")
+    if config.supervised_judge == "match":
+        is_correct = is_match(prediction, gold_answers)
+        return Verdict(is_correct, "A" if is_correct else "B", "supervised", reason="normalised string match")
     messages, options = build_grader(question, gold_answers, prediction, config)
     (text,) = await complete(client, config.roles.judge, messages, options)
     return parse_grader(text)

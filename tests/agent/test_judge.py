@@ -128,3 +128,17 @@ def test_normalize_and_match():
     assert is_match("Lima", ["Cusco", "lima"]) and not is_match("Cusco city", ["Lima"])
     assert not is_match(None, ["Lima"]) and not is_match("", ["Lima"]) and not is_match("x", [""])
     assert is_match("1889", ["1889"])
+
+
+async def test_match_judge_grades_by_the_gold_answers_without_an_llm():
+    import msgspec
+
+    from mia_engine.agent.judge import judge_supervised
+
+    client = FakeClient({"": "A"})  # an LLM grader that would say "correct" to anything
+    config = msgspec.structs.replace(CONFIG, supervised_judge="match")
+    right = await judge_supervised(client, config, "Q?", ["Victor Hugo"], "It was victor hugo.")
+    wrong = await judge_supervised(client, config, "Q?", ["Victor Hugo"], "Alexandre Dumas")
+    assert (right.is_correct, right.label, wrong.is_correct, wrong.label) == (True, "A", False, "B")
+    assert client.calls == []  # no grader call
+    assert (await judge_supervised(client, CONFIG, "Q?", ["Victor Hugo"], "Alexandre Dumas")).is_correct  # the LLM's say
