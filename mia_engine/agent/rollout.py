@@ -8,6 +8,7 @@ encoder forward and one FAISS search per batch.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -28,6 +29,8 @@ Emit = Callable[[str, dict], None]
 """Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 
 YES_NO_REGEX = "yes|no"
+TURN_OVERHEAD_CHARS = 160
+"""Tags, newlines and the JSON skeleton of a structured turn, with room to spare (about 100 are used)."""
 ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)
 """An ``<answer>`` and its body (to the end when unclosed): stripped from the turn a replan continues."""
 
@@ -155,7 +158,20 @@ class RolloutRunner:
                                         fixed_query=run.question)
         elif self.config.structured_executor:
             regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
-        return sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)
+        options = sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)
+        if regex is None:
+            return options
+        # A turn the regex bounds must never be cut by the token budget (a cut tool call parses as an
+        # error and wastes the turn): a token is at least one character, so the longest text the regex
+        # allows is a budget that always suffices.
+        return msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, self._turn_chars(run)))
+
+    def _turn_chars(self, run: _Run) -> int:
+        """The longest Executor turn the structured-output regexes allow (tags and JSON included)."""
+        limits = self.config.regex
+        query = len(json.dumps(run.question, ensure_ascii=False))
+        body = max(limits.max_answer_chars, limits.max_queries * (limits.max_query_chars + 4), query, 300)
+        return limits.max_think_chars + body + TURN_OVERHEAD_CHARS
 
     async def _observe(self, run: _Run, turn: ExecutorTurn, context: ToolContext, index: int,
                        emit: Emit) -> Observation | None:

@@ -328,3 +328,17 @@ async def test_evidence_answers_come_from_the_passages_alone() -> None:
     assert "Rhine" not in evidence_prompt and "search for the river" not in evidence_prompt
     agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER), answer_from="evidence", max_replans=0)
     assert (await agent.research(ResearchRequest("q"))).answer == "Seine"  # no search: its own answer
+
+
+async def test_a_structured_turn_always_has_the_tokens_its_regex_allows() -> None:
+    """A budget smaller than the longest turn the regex permits would cut a tool call mid-JSON."""
+    question = 'Who wrote the 1862 novel "Les Misérables"? ' * 4
+    agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=2, max_replans=0,
+                                  first_query="question",
+                                  executor=AgentConfig().executor.__class__(temperature=0.0, max_tokens=16))
+    client.max_tokens_for = lambda model, prompt_len, requested: 100_000  # a context with room to spare
+    await agent.research(ResearchRequest(question))
+    budgets = [o.max_tokens for m, o in client.options if m == "executor"]
+    limits = agent.config.regex
+    assert budgets[0] >= limits.max_think_chars + len(question) + 60  # the pinned question fits
+    assert all(b >= limits.max_think_chars + limits.max_answer_chars for b in budgets)
