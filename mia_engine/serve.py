@@ -15,6 +15,7 @@ from .agent.handle import AgentHandle
 from .agent.protocol import Rollout
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
+from .engines.startup import cuda_components
 from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
@@ -43,6 +44,14 @@ class Services:
         self.encoders: list[Embedder] = []
 
     async def start(self) -> None:
+        resume = self.learner.resume_path()
+        if resume is not None:
+            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
+            self.roles.initial_adapters[self.learner.role] = resume
+        # issue 13: engines before anything that may initialise CUDA in this process (engines/startup.py)
+        is_engines_first = bool(cuda_components(self.config))
+        if is_engines_first:
+            await self.roles.start()
         try:
             loop = asyncio.get_running_loop()
             self.encoders.append(await loop.run_in_executor(None, Embedder, self.config.memory.embedder))
@@ -50,11 +59,8 @@ class Services:
             log.error("the sentence encoder failed to load: %s", err)
         encoder = self.encoders[0] if self.encoders else None
         await self.memory.open(encoder)
-        resume = self.learner.resume_path()
-        if resume is not None:
-            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
-            self.roles.initial_adapters[self.learner.role] = resume
-        await self.roles.start()
+        if not is_engines_first:
+            await self.roles.start()
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
         await self._start_learner()
