@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (server.port)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key)")
     serve.add_argument("--data-dir", help="folder for durable state (data_dir)")
+    serve.add_argument("--dry-run", action="store_true",
+                       help="print the placement and each GPU's memory budget from the models' config.json "
+                            "files, refuse an impossible config, and exit (no GPU, no weights needed)")
     for name, help_text in (("run", "answer a dataset (evaluation), resumable, with accuracy at the end"),
                             ("ttl", "test-time learning over a dataset: GRPO updates of the Planner as it goes")):
         cmd = sub.add_parser(name, help=help_text)
@@ -68,7 +71,8 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"{flag}: expected a value")
             i += 1
             value = rest[i]
-        overrides[key.replace("-", "_")] = parse_override_value(value)
+        table, _, field = key.rpartition(".")  # table names (engines.qwen3-8b) may hold dashes; fields do not
+        overrides[f"{table}.{field.replace('-', '_')}"] = parse_override_value(value)
         i += 1
     return overrides
 
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    if getattr(args, "dry_run", False):
+        return _dry_run(config)
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command in ("serve", "run", "ttl"):  # they start engines: spawn, never fork (engines/startup.py)
@@ -115,6 +121,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             batch.ttl(config, args.dataset, args.out, epochs=args.epochs, metrics_out=args.metrics_out,
                       plot=args.plot, **common)
+    return 0
+
+
+def _dry_run(config: MIAConfig) -> int:
+    """``serve --dry-run``: the report on stdout (exit 0), or one line naming the field (exit 2)."""
+    from .deploy.budget import plan
+    from .deploy.report import render
+    from .models.cache import default_home
+    from .models.embedded import model_dir
+
+    home = Path(config.models.home).expanduser() if config.models.home else default_home()
+    try:
+        print(render(config, plan(config, lambda spec: model_dir(spec, home))))
+    except (ConfigError, FileNotFoundError, KeyError) as err:
+        print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
+        return 2
     return 0
 
 

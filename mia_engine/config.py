@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from .agent.config import AgentConfig, ToolsConfig
+from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
 
@@ -90,6 +91,9 @@ class EngineConfig(_Frozen):
     """Sequences decoded together in one step."""
     max_num_batched_tokens: int = 0
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
+    language_model_only: bool = False
+    """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
+    no vision-encoder memory reserved for profiling. For the Executor until the agent sends images."""
     enable_lora: bool = True
     """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
     max_lora_rank: int = 16
@@ -159,6 +163,8 @@ class MIAConfig(_Frozen):
     agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
     learner: LearnerConfig = LearnerConfig()
+    gpus: GpusConfig = GpusConfig()
+    """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
 

@@ -77,6 +77,7 @@ class VLLMEngine:
             enable_prefix_caching=c.enable_prefix_caching,
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens or None,
+            language_model_only=c.language_model_only,
             enable_lora=c.enable_lora,
             max_lora_rank=c.max_lora_rank,
             max_loras=c.max_loras,

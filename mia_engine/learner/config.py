@@ -56,6 +56,14 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     micro_batch_size: int = 4
     """Sequences per forward/backward pass; gradients are accumulated and scaled so the result equals the
     full-batch gradient. Lower it when the learner runs out of memory."""
+    max_seq_len: int = 0
+    """Longest prompt + completion (tokens) the learner trains on; longer rollouts are left out of the
+    update (counted in ``StepResult.num_skipped_long``). 0 = the Planner engine's ``max_model_len``.
+    The dry run budgets ``micro_batch_size`` sequences of this length."""
+    gradient_checkpointing: bool = True
+    """Recompute each layer's activations in the backward pass instead of keeping them (an 8B learner
+    does not fit one GPU without it at long contexts). Needs train mode, which the learner uses (with
+    dropout off) because Hugging Face turns checkpointing off under ``eval()``."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay of the LoRA weights."""
     num_epochs: int = 1
@@ -87,6 +95,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
         _require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
         _require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")

@@ -35,7 +35,7 @@ def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytes
 
 
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
-    gpu = load_config("8xgpu").engines
+    gpu = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml")).engines
     assert start_groups(gpu) == [list(gpu)]  # distinct GPUs, same environment
     cpu = {"a": EngineConfig(model="x"), "b": EngineConfig(model="y")}
     assert start_groups(cpu) == [["a"], ["b"]]  # no devices: the default set, one at a time
