@@ -74,7 +74,7 @@ class Services:
             return
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
-            await self.learner.start(engine.model_dir)
+            await self.learner.start(engine.model_dir, engine.config.dtype)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
 

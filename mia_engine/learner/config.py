@@ -35,7 +35,8 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
     dtype: LearnerDtype = "float32"
-    """Dtype of the base weights in the learner; LoRA weights stay float32 (PEFT upcasts them)."""
+    """Dtype of the base weights in the learner (bfloat16 on a GPU); LoRA weights stay float32 (PEFT
+    upcasts them) and are published in the serving engine's dtype."""
     lr: float = 1e-6
     """AdamW learning rate (paper: 1e-6)."""
     clip_eps: float = 0.2
@@ -58,8 +59,8 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     full-batch gradient. Lower it when the learner runs out of memory."""
     max_seq_len: int = 0
     """Longest prompt + completion (tokens) the learner trains on; longer rollouts are left out of the
-    update (counted in ``StepResult.num_skipped_long``). 0 = the Planner engine's ``max_model_len``.
-    The dry run budgets ``micro_batch_size`` sequences of this length."""
+    update (counted in ``StepResult.num_skipped_long``). 0 = no limit beyond the Planner engine's
+    ``max_model_len``, which is then what the dry run budgets: ``micro_batch_size`` sequences of it."""
     gradient_checkpointing: bool = True
     """Recompute each layer's activations in the backward pass instead of keeping them (an 8B learner
     does not fit one GPU without it at long contexts). Needs train mode, which the learner uses (with
@@ -72,8 +73,13 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     advantage_eps: float = 1e-6
     """ε in the group advantage (R − mean) / (std + ε)."""
     publish_dir: str = ""
-    """Where adapter versions are written for vLLM to load; empty = ``/dev/shm/mia_engine`` when /dev/shm
-    is writable (tmpfs: no disk write on the update path), else a folder in the system temp dir."""
+    """Where adapter versions are written for vLLM to load; empty = ``<data_dir>/adapters/published``
+    (private to this instance), or a folder on ``publish_tmpfs``."""
+    publish_tmpfs: str = ""
+    """A tmpfs (e.g. ``/dev/shm``) to publish on instead of the data dir, so the update path writes no
+    disk; used only when it has room for ``num_checkpoints_kept`` + 2 adapters, in a folder of this
+    instance's own (mode 0700, named after the data dir). A default Docker /dev/shm is 64 MB: a rank-64
+    adapter of an 8B model is ~0.35 GB in bf16. Ignored when ``publish_dir`` is set."""
     num_checkpoints_kept: int = 3
     """Durable copies of published versions kept for rollback (the latest good one is never pruned)."""
     seed: int = 0
