@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--epochs", type=int, default=1)
             cmd.add_argument("--metrics-out", type=Path, default=Path("ttl_metrics.jsonl"))
             cmd.add_argument("--plot", type=Path, default=Path("ttl_curves.png"))
+    doctor = sub.add_parser("doctor", help="check the GPU stack (memory kernel, a GRPO step, faiss-gpu); no vLLM")
+    doctor.add_argument("--small", action="store_true", help="CPU sizes (automatic without a GPU)")
+    doctor.add_argument("--layers", type=int, default=4, help="depth of the Qwen3-8B-shaped stack (default %(default)s)")
+    doctor.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default %(default)s)")
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
     index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
@@ -88,8 +92,14 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, MIAConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:  # needs no config
+        from . import doctor
+
+        args = _parser().parse_args(argv)
+        return doctor.main(args.small, args.layers, args.seq_len)
     try:
-        args, config = parse_config(sys.argv[1:] if argv is None else argv)
+        args, config = parse_config(argv)
         _check_args(args)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)

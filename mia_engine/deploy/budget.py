@@ -34,6 +34,7 @@ from pathlib import Path
 import msgspec
 
 from ..config import ConfigError, EngineConfig, MIAConfig, resolve_role
+from ..learner.config import LearnerConfig
 from .shapes import DTYPE_BYTES, DecoderShape, bert_params, decoder_shape, read_config
 
 GIB = 1024**3
@@ -208,8 +209,8 @@ def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items:
                  f"node(s) of {config.gpus.gpus_per_node}; start the Ray cluster first (README)")
 
 
-def learner_items(config: MIAConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
-    learner = config.learner
+def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
+    """The learner's GPU memory (the doctor compares it with a measured step)."""
     b = DTYPE_BYTES[learner.dtype]
     lora = shape.lora_params_per_layer(rank) * shape.num_layers
     seq = learner.micro_batch_size * (learner.max_seq_len or max_model_len)
@@ -243,7 +244,7 @@ def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], m
         planner = config.agent.roles.planner
         engine_name = resolve_role(config, planner)[1].engine
         engine = config.engines[engine_name]
-        by_field["learner.device"] = learner_items(config, shapes[engine_name], engine.max_lora_rank,
+        by_field["learner.device"] = learner_items(config.learner, shapes[engine_name], engine.max_lora_rank,
                                                    engine.max_model_len)
     devices = _serving_devices(config)
     if any(_gpu_index(devices[f]) is not None for f in devices if f.startswith("memory.")):
