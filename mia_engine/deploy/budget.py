@@ -27,6 +27,7 @@ device id beyond ``gpus.num_gpus``, or a Ray engine whose tensor parallelism spa
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -207,6 +208,8 @@ def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items:
     notes.append(f"engine {name}: Ray executor, TP {engine.tensor_parallel_size} x PP "
                  f"{engine.pipeline_parallel_size} x DP {engine.data_parallel_size} = {world} GPUs on >= {nodes} "
                  f"node(s) of {config.gpus.gpus_per_node}; start the Ray cluster first (README)")
+    if importlib.util.find_spec("ray") is None:
+        notes.append(f"engine {name}: the ray package is not installed here (pip install 'ray[default]')")
 
 
 def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
