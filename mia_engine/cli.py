@@ -108,10 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(config)
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("serve", "run", "ttl"):  # they start engines: spawn, never fork (engines/startup.py)
-        from .engines.startup import use_spawn
-
-        use_spawn()
     if args.command == "serve":
         from .serve import serve
 

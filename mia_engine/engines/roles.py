@@ -28,7 +28,7 @@ from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
 from .protocol import (CompletionDelta, EngineUnavailable, InvalidGeneration, ModelCard, SamplingOptions,
                        TokenLogprob, TopLogprob)
-from .startup import applied_env, spawn_env, start_groups
+from .startup import applied_env, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class RoleServer:
     """Starts the engines of a config and serves its roles; implements ``EngineClient``."""
 
     def __init__(self, config: MIAConfig) -> None:
+        """Build it in the main thread, before any engine starts: it makes vLLM spawn its processes."""
+        use_spawn()
         self.config = config
         self.home = Path(config.models.home).expanduser() if config.models.home else default_home()
         self.adapters = AdapterRegistry()

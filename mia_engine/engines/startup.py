@@ -7,7 +7,8 @@ Three rules, each owned here:
    ``spawn`` by itself only when ``torch.cuda.is_initialized()`` is already true
    (``vllm.utils.system_utils._maybe_force_spawn``). FAISS-GPU or a CUDA driver call outside torch
    initialises CUDA without torch knowing, and a process forked after that cannot use CUDA.
-   ``use_spawn`` sets the documented variable to ``spawn`` once, in the main thread, before any engine.
+   ``use_spawn`` sets the documented variable to ``spawn``; ``RoleServer`` calls it when it is built (in
+   the main thread, before any engine starts), so every entry point that serves engines gets it.
 2. **Nothing touches CUDA in this process before the engines are up.** ``cuda_components`` names the
    non-engine parts configured on a GPU (encoder, memory index, score kernel, learner); the service
    start-up runs the engines first whenever it is not empty (vLLM profiles free GPU memory at start).

@@ -3,12 +3,14 @@ engines may start together, and that nothing reaches CUDA in this process before
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from mia_engine.config import EngineConfig, load_config
+from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env,
                                         start_groups, use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
@@ -22,6 +24,12 @@ def test_use_spawn_sets_and_overrides_fork() -> None:
     env[MULTIPROC_METHOD_ENV] = "fork"
     use_spawn(env)
     assert env[MULTIPROC_METHOD_ENV] == "spawn"
+
+
+def test_the_role_server_makes_vllm_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MULTIPROC_METHOD_ENV, "fork")
+    RoleServer(load_config("tiny"))
+    assert os.environ[MULTIPROC_METHOD_ENV] == "spawn"
 
 
 def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
