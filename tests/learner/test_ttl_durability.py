@@ -9,6 +9,7 @@ The engine side is the real ``AdapterRegistry`` over ``RecordingHost``, a stand-
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from mia_engine.engines.adapters import AdapterError, AdapterRegistry
 from mia_engine.learner.checkpoints import AdapterCheckpoints, prune_published, publish_path
 from mia_engine.learner.learner import ADAPTER_WEIGHTS, PlannerLearner
 from mia_engine.learner.ttl import TestTimeLearner
+from mia_engine.models.lora import write_lora_adapter
 
 from .test_learner import make_learner, one_thread, rollouts, tiny  # noqa: F401  (fixtures)
 
@@ -184,6 +186,11 @@ async def test_operator_adapter_is_validated_and_becomes_the_starting_point(tiny
     try:
         with pytest.raises(AdapterError, match="non-finite"):
             await registry.publish("planner", _operator_adapter(tiny, tmp_path / "nan", poison=True))
+        config = json.loads((tiny / "base" / "config.json").read_text())
+        write_lora_adapter(tmp_path / "r16", config, rank=16, alpha=16, target_modules=["q_proj", "v_proj"],
+                           seed=0, b_std=0.0, base_model_name="tiny")
+        with pytest.raises(AdapterError, match="max_lora_rank"):
+            await registry.publish("planner", tmp_path / "r16")
         operator = _operator_adapter(tiny, tmp_path / "operator")
         await registry.publish("planner", operator)
         await asyncio.gather(*ttl._tasks)  # adoption runs beside the publish request
