@@ -121,7 +121,8 @@ def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) 
     if not result.is_accepted:
         return Check("GRPO step", "FAIL", f"the step was rejected: {result.reason}")
     estimate = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len))
-    where = f"{shape['num_hidden_layers']} layers x {shape['hidden_size']} wide, r64 LoRA, {len(samples)} x {seq_len} tokens"
+    where = (f"{shape['num_hidden_layers']} layers x {shape['hidden_size']} wide, r64 LoRA, "
+             f"{len(samples)} x {seq_len} tokens")
     if device == "cpu":
         return Check("GRPO step", "PASS", f"{where} (CPU size) in {seconds:.2f} s; no GPU: peak memory and the "
                      "Qwen3-8B-shaped step not measured")

@@ -144,7 +144,8 @@ def engine_items(engine: EngineConfig, shape: DecoderShape, batched_tokens: int)
         lora = engine.max_loras * shape.lora_params_per_layer(engine.max_lora_rank) * shape.num_layers * b
         items.append(Item(f"LoRA slots ({engine.max_loras} x r{engine.max_lora_rank})", lora // split))
     tokens = engine.max_num_batched_tokens or batched_tokens
-    per_token = ACTIVATION_ROWS_PER_TOKEN * shape.hidden_size + 2 * shape.intermediate_size // engine.tensor_parallel_size
+    tp = engine.tensor_parallel_size
+    per_token = ACTIVATION_ROWS_PER_TOKEN * shape.hidden_size + 2 * shape.intermediate_size // tp
     items.append(Item("activations (profile)", tokens * per_token * b + engine.max_num_seqs * shape.vocab_size * 4))
     return items
 
@@ -234,7 +235,8 @@ def memory_items(config: MIAConfig, encoder: dict) -> dict[str, list[Item]]:
         * (4 * dim + int(encoder["intermediate_size"])) * encoder_bytes
     vectors = (2 * memory.max_num_entries + 2 * memory.max_num_meta_plans) * dim * 4
     return {
-        "memory.embedder.device": [Item("encoder weights + activations", bert_params(encoder) * encoder_bytes + activations)],
+        "memory.embedder.device": [Item("encoder weights + activations",
+                                        bert_params(encoder) * encoder_bytes + activations)],
         "memory.index_device": [Item(f"FAISS index ({memory.max_num_entries} entries)", vectors)],
         "memory.score_device": [Item("score key matrices", 2 * memory.max_num_entries * dim * 4)],
     }

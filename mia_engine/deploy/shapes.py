@@ -103,7 +103,8 @@ def qwen_vision_params(vision: dict) -> int:
         * _get(vision, "patch_size") ** 2 * h
     block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * inter + inter) + (inter * h + h)
     merged = h * vision.get("spatial_merge_size", 2) ** 2
-    merger = h + (merged * merged + merged) + (merged * _get(vision, "out_hidden_size") + _get(vision, "out_hidden_size"))
+    out = _get(vision, "out_hidden_size")
+    merger = h + (merged * merged + merged) + (merged * out + out)
     return patch + depth * block + merger
 
 
