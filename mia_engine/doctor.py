@@ -140,7 +140,7 @@ def _random_stack(folder: Path, shape: dict) -> tuple[Path, Path]:
 
     config = Qwen3Config(**{k: v for k, v in shape.items() if k not in ("model_type", "torch_dtype")})
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)  # never a float32 copy (8 GB at 4 layers)
     model.save_pretrained(folder / "base")
     del model
     write_lora_adapter(folder / "adapter", shape, rank=64, alpha=128, target_modules=LORA_TARGETS, seed=0,
