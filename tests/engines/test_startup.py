@@ -32,14 +32,15 @@ def test_the_role_server_makes_vllm_spawn(monkeypatch: pytest.MonkeyPatch) -> No
     assert os.environ[MULTIPROC_METHOD_ENV] == "spawn"
 
 
-def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     config = EngineConfig(model="m", tensor_parallel_size=2, data_parallel_size=1, devices=[4, 5])
-    args = VLLMEngine("e", config, Path("/models/m"))._engine_args()
+    args = VLLMEngine("e", config, tmp_path)._engine_args()  # a local folder, also under HF_HUB_OFFLINE
     assert args.device_ids == [4, 5] and args.tensor_parallel_size == 2
     assert args._resolve_device_ids() == [4, 5]  # vLLM's own resolution: physical ids
     assert "CUDA_VISIBLE_DEVICES" not in spawn_env(config)
-    assert VLLMEngine("e", EngineConfig(model="m"), Path("/m"))._engine_args().device_ids is None
+    assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().device_ids is None
 
 
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
