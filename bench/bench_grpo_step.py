@@ -110,10 +110,9 @@ def _sync(device: str) -> None:
 
 
 def _publish_root() -> str | None:
-    """Where the server publishes by default: /dev/shm when writable, else the temp dir."""
-    from mia_engine.learner.checkpoints import SHM_DIR
-
-    return str(SHM_DIR) if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK) else None
+    """A tmpfs publish dir (``learner.publish_tmpfs = "/dev/shm"``) when writable, else the temp dir."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def time_steps(learner: object, samples: list, args: argparse.Namespace) -> dict[str, float | None]:

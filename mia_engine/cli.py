@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="TCP port (server.port)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key)")
     serve.add_argument("--data-dir", help="folder for durable state (data_dir)")
+    serve.add_argument("--dry-run", action="store_true",
+                       help="print the placement and each GPU's memory budget from the models' config.json "
+                            "files, refuse an impossible config, and exit (no GPU, no weights needed)")
     for name, help_text in (("run", "answer a dataset (evaluation), resumable, with accuracy at the end"),
                             ("ttl", "test-time learning over a dataset: GRPO updates of the Planner as it goes")):
         cmd = sub.add_parser(name, help=help_text)
@@ -43,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--epochs", type=int, default=1)
             cmd.add_argument("--metrics-out", type=Path, default=Path("ttl_metrics.jsonl"))
             cmd.add_argument("--plot", type=Path, default=Path("ttl_curves.png"))
+    doctor = sub.add_parser("doctor", help="check the GPU stack (memory kernel, a GRPO step, faiss-gpu); no vLLM")
+    doctor.add_argument("--small", action="store_true", help="CPU sizes (automatic without a GPU)")
+    doctor.add_argument("--layers", type=int, default=4, help="depth of the Qwen3-8B-shaped stack (default %(default)s)")
+    doctor.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default %(default)s)")
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
     index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
@@ -68,7 +75,8 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"{flag}: expected a value")
             i += 1
             value = rest[i]
-        overrides[key.replace("-", "_")] = parse_override_value(value)
+        table, _, field = key.rpartition(".")  # table names (engines.qwen3-8b) may hold dashes; fields do not
+        overrides[f"{table}.{field.replace('-', '_')}"] = parse_override_value(value)
         i += 1
     return overrides
 
@@ -84,12 +92,20 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, MIAConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:  # needs no config
+        from . import doctor
+
+        args = _parser().parse_args(argv)
+        return doctor.main(args.small, args.layers, args.seq_len)
     try:
-        args, config = parse_config(sys.argv[1:] if argv is None else argv)
+        args, config = parse_config(argv)
         _check_args(args)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    if getattr(args, "dry_run", False):
+        return _dry_run(config)
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
@@ -111,6 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             batch.ttl(config, args.dataset, args.out, epochs=args.epochs, metrics_out=args.metrics_out,
                       plot=args.plot, **common)
+    return 0
+
+
+def _dry_run(config: MIAConfig) -> int:
+    """``serve --dry-run``: the report on stdout (exit 0), or one line naming the field (exit 2)."""
+    from .deploy.budget import plan
+    from .deploy.report import render
+    from .models.cache import default_home
+    from .models.embedded import model_dir
+
+    home = Path(config.models.home).expanduser() if config.models.home else default_home()
+    try:
+        print(render(config, plan(config, lambda spec: model_dir(spec, home))))
+    except (ConfigError, FileNotFoundError, KeyError) as err:
+        print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
+        return 2
     return 0
 
 

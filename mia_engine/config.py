@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from .agent.config import AgentConfig, ToolsConfig
+from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
 
@@ -67,11 +68,21 @@ class EngineConfig(_Frozen):
     cpu_kv_cache_space_gib: float = 1.0
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
     tensor_parallel_size: int = 1
-    """GPUs one replica of the model is split across."""
+    """GPUs one replica of the model is split across (within a node)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages of one replica; with ``executor_backend = "ray"`` they can span nodes."""
     data_parallel_size: int = 1
-    """Replicas of the model (requests are balanced across them)."""
+    """Replicas of the model (see ``routing``)."""
     devices: list[int] = []
-    """GPU indices this engine runs on (``CUDA_VISIBLE_DEVICES``); empty = the process's default."""
+    """GPUs this engine runs on, passed as vLLM's ``device_ids`` (physical ids, or indices into
+    ``CUDA_VISIBLE_DEVICES`` when it is set): tensor x pipeline x data-parallel entries, replica by replica.
+    Empty = the process's default devices. Must stay empty with ``executor_backend = "ray"`` (Ray's
+    placement groups choose the GPUs)."""
+    routing: Literal["rollout", "load"] = "rollout"
+    """Data-parallel routing: ``rollout`` sends every request that carries an affinity key (the agent's
+    rollout id) to one replica chosen by a stable hash of the key, so a rollout's later turns (reflection,
+    replan, the Executor's next step) hit the replica that caches their prefix; requests without a key,
+    and all of them with ``load``, are balanced by vLLM."""
     enforce_eager: bool = True
     """Skip CUDA-graph capture / compilation: faster start, slower decode."""
     enable_prefix_caching: bool = True
@@ -80,6 +91,9 @@ class EngineConfig(_Frozen):
     """Sequences decoded together in one step."""
     max_num_batched_tokens: int = 0
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
+    language_model_only: bool = False
+    """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
+    no vision-encoder memory reserved for profiling. For the Executor until the agent sends images."""
     enable_lora: bool = True
     """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
     max_lora_rank: int = 16
@@ -98,9 +112,10 @@ class EngineConfig(_Frozen):
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
     or vLLM's own per-token gather. No effect on GPU."""
-    executor_backend: Literal["auto", "uni", "mp"] = "auto"
-    """Where the model runs: ``mp`` in a worker process (vLLM's choice, ``auto``), ``uni`` inside the
-    engine-core process. On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
+    executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
+    """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
+    inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
+    executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
     worker queue takes (+15-20% research-loop throughput on 2 cores) but showed a worse p99 for
     one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
 
@@ -155,6 +170,8 @@ class MIAConfig(_Frozen):
     agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
     learner: LearnerConfig = LearnerConfig()
+    gpus: GpusConfig = GpusConfig()
+    """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
 
@@ -272,8 +289,18 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
         raise ConfigError(f"{prefix}.max_cpu_loras: must be >= max_loras ({engine.max_loras})")
     if engine.compact_json and engine.structured_outputs_backend not in ("xgrammar", "guidance"):
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
-    if engine.devices and len(engine.devices) != engine.tensor_parallel_size * engine.data_parallel_size:
-        raise ConfigError(f"{prefix}.devices: needs tensor_parallel_size x data_parallel_size entries")
+    _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
+    replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    if engine.executor_backend == "uni" and replica > 1:
+        raise ConfigError(f"{prefix}.executor_backend: 'uni' runs one GPU per replica; tensor x pipeline "
+                          f"parallel = {replica} needs 'mp' or 'ray'")
+    if engine.executor_backend == "ray" and engine.devices:
+        raise ConfigError(f"{prefix}.devices: must be empty with executor_backend 'ray' (Ray places the workers)")
+    if engine.devices and len(engine.devices) != replica * engine.data_parallel_size:
+        raise ConfigError(f"{prefix}.devices: needs tensor_parallel_size x pipeline_parallel_size x "
+                          f"data_parallel_size = {replica * engine.data_parallel_size} entries, got {len(engine.devices)}")
+    if len(set(engine.devices)) != len(engine.devices) or any(d < 0 for d in engine.devices):
+        raise ConfigError(f"{prefix}.devices: GPU ids must be distinct and >= 0")
 
 
 def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:

@@ -16,6 +16,7 @@ from .agent.handle import AgentHandle
 from .agent.protocol import Rollout
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
+from .engines.startup import cuda_components
 from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
@@ -47,7 +48,16 @@ class Services:
     async def start(self) -> None:
         """Encoder and memory first; then the passage index builds while the model converts and the
         engines start (on a first start the two take about as long); the learner and the agent last,
-        since the learner lowers torch's thread count for threads started after it."""
+        since the learner lowers torch's thread count for threads started after it. When anything in
+        this process uses CUDA (encoder, index, learner), the engines start first instead: vLLM must
+        start its workers before this process initialises CUDA (engines/startup.py)."""
+        resume = self.learner.resume_path()
+        if resume is not None:
+            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
+            self.roles.initial_adapters[self.learner.role] = resume
+        is_engines_first = bool(cuda_components(self.config))
+        if is_engines_first:
+            await self.roles.start()
         try:
             loop = asyncio.get_running_loop()
             self.encoders.append(await loop.run_in_executor(None, Embedder, self.config.memory.embedder))
@@ -56,12 +66,9 @@ class Services:
             self.agent.fail(f"the sentence encoder failed to load: {type(err).__name__}")
         encoder = self.encoders[0] if self.encoders else None
         await self.memory.open(encoder)
-        resume = self.learner.resume_path()
-        if resume is not None:
-            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
-            self.roles.initial_adapters[self.learner.role] = resume
         tools = asyncio.ensure_future(self.agent.prepare(encoder)) if encoder is not None else None
-        await self.roles.start()
+        if not is_engines_first:
+            await self.roles.start()
         if tools is not None:
             await tools
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
@@ -76,7 +83,7 @@ class Services:
             return
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
-            await self.learner.start(engine.model_dir)
+            await self.learner.start(engine.model_dir, engine.config.dtype)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
 

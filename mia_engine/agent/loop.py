@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -88,9 +89,10 @@ class ResearchAgent:
                 memories, used_ids = await self._retrieve(request.question)
         plan_prompt: list[int] = []
         completions: list[Completion | None] = [None] * request.num_rollouts
+        affinity = uuid.uuid4().hex  # one replica for the G plans and every Planner turn that continues them
         if request.use_planner:
             with clock("plan"):
-                plan_prompt, planned = await self._plan(request, memories)
+                plan_prompt, planned = await self._plan(request, memories, affinity)
             completions = list(planned)
         plans = [strip_think(c.text) if c is not None else "" for c in completions]
         emit("plans", {"num_plans": len(plans)})
@@ -100,7 +102,7 @@ class ResearchAgent:
         with clock("execute"):
             runs = await asyncio.gather(*(
                 self.runner.run(request.question, plan_prompt, c, i, emit, request.data_id,
-                                explore=request.is_exploring)
+                                explore=request.is_exploring, affinity=affinity)
                 for i, c in enumerate(completions)))
         rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                     for plan, (trajectory, ex, rf) in zip(plans, runs)]
@@ -127,13 +129,14 @@ class ResearchAgent:
         used = [h.entry.id for h in (*result.positives, *result.negatives)]
         return prompts.render_memories(positives, negatives), used
 
-    async def _plan(self, request: ResearchRequest, memories: str) -> tuple[list[int], list[Completion]]:
+    async def _plan(self, request: ResearchRequest, memories: str,
+                    affinity: str) -> tuple[list[int], list[Completion]]:
         """(the Planner's prompt ids, the G plans): one request with n = G."""
         text = prompts.render_plan_prompt(request.question, memories, self.config.planner_max_words)
         messages = [{"role": "user", "content": text}]
         num = request.num_rollouts
         temperature = self.config.planner_rollout_temperature if request.is_exploring else None
-        options = sampling_options(self.config.planner, n=num, temperature=temperature)
+        options = sampling_options(self.config.planner, n=num, temperature=temperature, affinity_key=affinity)
         prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)
         return prompt_ids, await complete_ids(self.client, self.config.roles.planner, prompt_ids, options)
 

@@ -45,6 +45,10 @@ class _Run:
     observations: list[Observation | None] = field(default_factory=list)
     num_tool_calls: int = 0
     num_successful_tool_calls: int = 0
+    affinity: str | None = None
+    """Replica key of this rollout's Executor turns (its growing prefix stays on one replica)."""
+    planner_affinity: str | None = None
+    """Replica key of the Planner's reflection and replan (the replica that sampled the plan)."""
 
     def last_answer(self) -> str | None:
         """The ``<answer>`` of the last turn; None when the trajectory ended without one (malformed
@@ -67,16 +71,19 @@ class RolloutRunner:
         self._answer_regex = executor_turn_regex([], **regex_limits)
 
     async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, index: int,
-                  emit: Emit, data_id: str = "", *, explore: bool = False) -> tuple[Trajectory, float, float]:
+                  emit: Emit, data_id: str = "", *, explore: bool = False,
+                  affinity: str | None = None) -> tuple[Trajectory, float, float]:
         """(trajectory, executor seconds, reflection seconds) of one plan; without a plan (None) the
         Executor runs plain ReAct: no guide, no reflection. ``explore``: the Planner's reflection and
         replan are sampled from the policy as the learner scores them (the rollout temperature,
-        unconstrained), not greedily."""
+        unconstrained), not greedily. ``affinity``: the question's replica key; the Planner's turns use it
+        (they continue the G-plan request's prefix), the Executor's turns add the rollout index."""
         plan = strip_think(plan_completion.text) if plan_completion is not None else ""
         planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [])
         context = ToolContext(data_id)
         executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan or None)
-        run = _Run([{"role": "user", "content": executor_prompt}], question)
+        run = _Run([{"role": "user", "content": executor_prompt}], question,
+                   affinity=f"{affinity}/{index}" if affinity else None, planner_affinity=affinity)
         start = time.perf_counter()
         await self._react(run, context, index, emit, self.config.max_turns)
         first_answer = await self._answer(run, index, emit)
@@ -158,7 +165,8 @@ class RolloutRunner:
                                         fixed_query=run.question)
         elif self.config.structured_executor:
             regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
-        options = sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex)
+        options = sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex,
+                                   affinity_key=run.affinity)
         if regex is None:
             return options
         # A turn the regex bounds must never be cut by the token budget (a cut tool call parses as an
@@ -200,7 +208,7 @@ class RolloutRunner:
         temperature = self.config.planner_rollout_temperature if explore else None
         regex = YES_NO_REGEX if self.config.structured_judges and not explore else None
         decision_options = msgspec.structs.replace(
-            sampling_options(sampling, regex=regex, temperature=temperature),
+            sampling_options(sampling, regex=regex, temperature=temperature, affinity_key=run.planner_affinity),
             max_tokens=min(sampling.max_tokens, self.config.reflection_max_tokens))
         decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
         if decision is None:
@@ -208,7 +216,8 @@ class RolloutRunner:
         if not parse_yes_no(decision):
             return decision, ""
         replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
-                                          sampling_options(sampling, temperature=temperature))
+                                          sampling_options(sampling, temperature=temperature,
+                                                           affinity_key=run.planner_affinity))
         replan = strip_think(replan) if replan is not None else ""
         if not replan:
             return decision, ""

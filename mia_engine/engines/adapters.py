@@ -63,6 +63,26 @@ def check_adapter_dir(path: Path, max_rank: int) -> None:
     rank = config.get("r")
     if not isinstance(rank, int) or not 0 < rank <= max_rank:
         raise AdapterError(f"{path}: rank {rank!r} is not in 1..{max_rank} (engine max_lora_rank)")
+    _check_weights(path, rank)
+
+
+def _check_weights(path: Path, rank: int) -> None:
+    """Every tensor finite and of the declared rank: one NaN would poison every request on the role."""
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as weights:
+            for key in weights.keys():
+                tensor = weights.get_tensor(key)
+                if "lora_A" in key and tensor.shape[0] != rank or "lora_B" in key and tensor.shape[-1] != rank:
+                    raise AdapterError(f"{path}: {key} has shape {tuple(tensor.shape)}, not rank {rank}")
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise AdapterError(f"{path}: {key} holds non-finite values")
+    except AdapterError:
+        raise
+    except Exception as err:  # a truncated or foreign file
+        raise AdapterError(f"{path}: unreadable adapter weights: {err}") from None
 
 
 class AdapterRegistry:

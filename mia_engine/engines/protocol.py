@@ -51,6 +51,9 @@ class SamplingOptions(msgspec.Struct, frozen=True):
     """Constrain the output to this regular expression (structured outputs)."""
     json_schema: dict | None = None
     """Constrain the output to JSON of this schema (structured outputs)."""
+    affinity_key: str | None = None
+    """Requests with the same key go to the same data-parallel replica (``EngineConfig.routing``): the
+    agent passes its rollout id so a rollout's later turns reuse the replica's prefix cache."""
 
 
 class TopLogprob(msgspec.Struct, frozen=True):

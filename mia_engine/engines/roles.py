@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
 from .protocol import (CompletionDelta, EngineUnavailable, InvalidGeneration, ModelCard, SamplingOptions,
                        TokenLogprob, TopLogprob)
+from .startup import applied_env, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class RoleServer:
     """Starts the engines of a config and serves its roles; implements ``EngineClient``."""
 
     def __init__(self, config: MIAConfig) -> None:
+        """Build it in the main thread, before any engine starts: it makes vLLM spawn its processes."""
+        use_spawn()
         self.config = config
         self.home = Path(config.models.home).expanduser() if config.models.home else default_home()
         self.adapters = AdapterRegistry()
@@ -62,7 +66,8 @@ class RoleServer:
         """Adapter folders that replace a role's configured one at start (the latest learned checkpoint)."""
 
     async def start(self) -> None:
-        """Build/resolve models, spawn engines one by one, load adapters; failures are kept, not raised."""
+        """Build/resolve models, spawn the engines (concurrently where ``start_groups`` allows), load
+        adapters; failures are kept, not raised."""
         try:
             await self._start()
             self._is_started = True
@@ -73,13 +78,22 @@ class RoleServer:
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        for name, engine_config in self.config.engines.items():
-            path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
-            engine = VLLMEngine(name, engine_config, path)
-            log.info("starting engine %s from %s", name, path)
-            await engine.start()
-            self.engines[name] = engine
-            self._targets[name] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
+        config_lock = threading.Lock()
+        for group in start_groups(self.config.engines):
+            engines = []
+            for name in group:
+                engine_config = self.config.engines[name]
+                path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
+                engines.append(VLLMEngine(name, engine_config, path))
+                log.info("starting engine %s from %s", name, path)
+            with applied_env(spawn_env(engines[0].config)):  # the group's members need the same one
+                results = await asyncio.gather(*(e.start(config_lock) for e in engines), return_exceptions=True)
+            for engine in engines:  # registered even when a sibling failed, so shutdown() stops them
+                self.engines[engine.name] = engine
+                self._targets[engine.name] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         for name in self.config.roles:
             canonical, role = resolve_role(self.config, name)
             engine = self.engines[role.engine]
@@ -173,7 +187,8 @@ class RoleServer:
         except (ValueError, VLLMClientError) as err:
             raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
         lease = self.adapters.acquire(target.adapter_role) if target.adapter_role else nullcontext(None)
-        async with lease as lora, aclosing(target.engine.generate(prompt_ids, params, request_id, lora)) as outputs:
+        async with lease as lora, aclosing(target.engine.generate(
+                prompt_ids, params, request_id, lora, options.affinity_key)) as outputs:
             try:
                 async for output in outputs:
                     yield to_deltas(output, options.logprobs)

@@ -1,17 +1,17 @@
 """One vLLM ``AsyncLLM`` serving one base model (and any number of LoRA adapters on it).
 
-vLLM is configured through engine args plus a few environment variables that its engine-core child
-process reads at spawn (the CPU KV-cache size, the GPUs it may see); they are set only around the
-spawn and restored afterwards.
+vLLM is configured through engine args (GPUs included: ``devices`` -> ``device_ids``); the few variables
+its spawned processes read only from the environment are applied by the caller around a group of starts
+(``startup.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import AsyncIterator, Iterator
-from contextlib import aclosing, contextmanager
+import threading
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +23,9 @@ from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 
 from ..config import EngineConfig
-from . import cpu_lora
+from .startup import replica_for
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def _spawn_env(config: EngineConfig) -> Iterator[None]:
-    """Environment the engine-core process inherits; restored once it has been spawned."""
-    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
-    if config.cpu_lora_ops == "grouped":  # read by the vLLM plugin in the processes the engine spawns
-        wanted[cpu_lora.ENV] = "grouped"
-    if executor_backend(config) == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
-        wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if config.devices:
-        wanted["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in config.devices)
-    saved = {key: os.environ.get(key) for key in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def executor_backend(config: EngineConfig) -> str | None:
@@ -70,10 +48,12 @@ class VLLMEngine:
     def is_running(self) -> bool:
         return self._llm is not None and not self._llm.errored
 
-    async def start(self) -> None:
+    async def start(self, config_lock: threading.Lock | None = None) -> None:
+        """Spawn the engine; ``config_lock`` serialises vLLM's config building (it sets a module-global
+        "current config") when several engines start at once."""
         loop = asyncio.get_running_loop()
         self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer)
-        self._llm = await loop.run_in_executor(None, self._build)
+        self._llm = await loop.run_in_executor(None, self._build, config_lock or threading.Lock())
         log.info("engine %s is up (%s)", self.name, self.model_dir)
 
     def _load_tokenizer(self) -> Any:
@@ -90,11 +70,14 @@ class VLLMEngine:
             max_model_len=c.max_model_len,
             gpu_memory_utilization=c.gpu_memory_utilization,
             tensor_parallel_size=c.tensor_parallel_size,
+            pipeline_parallel_size=c.pipeline_parallel_size,
             data_parallel_size=c.data_parallel_size,
+            device_ids=list(c.devices) or None,
             enforce_eager=c.enforce_eager,
             enable_prefix_caching=c.enable_prefix_caching,
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens or None,
+            language_model_only=c.language_model_only,
             enable_lora=c.enable_lora,
             max_lora_rank=c.max_lora_rank,
             max_loras=c.max_loras,
@@ -106,18 +89,30 @@ class VLLMEngine:
                                                               disable_any_whitespace=c.compact_json),
         )
 
-    def _build(self) -> Any:
+    def _build(self, config_lock: threading.Lock) -> Any:
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        with _spawn_env(self.config):
-            return AsyncLLM.from_engine_args(self._engine_args())
+        args = self._engine_args()
+        with config_lock:
+            vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats)
+
+    def replica(self, affinity_key: str | None) -> int | None:
+        """The data-parallel rank for a request (None: vLLM balances by load)."""
+        if affinity_key is None or self.config.data_parallel_size == 1 or self.config.routing != "rollout":
+            return None
+        return replica_for(affinity_key, self.config.data_parallel_size)
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, lora: LoRARequest | None
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, lora: LoRARequest | None,
+        affinity_key: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """vLLM's stream for one request; closing it early aborts the request in the engine."""
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
-        async with aclosing(self._llm.generate(prompt, params, request_id, lora_request=lora)) as outputs:
+        rank = self.replica(affinity_key)
+        async with aclosing(self._llm.generate(prompt, params, request_id, lora_request=lora,
+                                               data_parallel_rank=rank)) as outputs:
             async for output in outputs:
                 yield output
 

@@ -1,39 +1,56 @@
-"""Where adapter versions live: fresh tmpfs folders for vLLM to load, durable copies for rollback.
+"""Where adapter versions live: fresh folders for vLLM to load, durable copies for rollback.
 
 Two places with two jobs. ``publish_path`` gives every version a new folder (vLLM caches adapters and
-prefix-cache blocks by path, so a reused path would serve stale weights) on /dev/shm when possible, so
-the update path never waits on a disk. ``AdapterCheckpoints`` keeps the last few published versions on
-durable storage with a ``LATEST`` pointer to the latest good one: after a crash, or when a new version
-misbehaves, the learner and the engine go back to it.
+prefix-cache blocks by path, so a reused path would serve stale weights) under ``publish_dir``: the data
+dir by default (private to this instance), or a tmpfs (no disk write on the update path) only when it is
+configured, has room for the versions kept, and gets a folder of its own for this instance (mode 0700).
+``AdapterCheckpoints`` keeps the last few published versions on durable storage with a ``LATEST`` pointer
+to the latest good one: after a crash, or when a new version misbehaves, the learner and the engine go
+back to it. Version numbers only grow, across restarts too: a save never replaces an existing folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import shutil
-import tempfile
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from .config import LearnerConfig
 
-SHM_DIR = Path("/dev/shm")
+log = logging.getLogger(__name__)
+
 LATEST_FILE = "LATEST"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _PUBLISHED_DIR = re.compile(r"^v(\d+)-[0-9a-f]{32}$")
+_TMPFS_HEADROOM = 2
+"""Published versions beyond ``num_checkpoints_kept`` a tmpfs must have room for (the one being written
+and one draining)."""
 
 
-def publish_dir(config: LearnerConfig) -> Path:
-    """The root for published adapters: ``config.publish_dir``, else /dev/shm/mia_engine, else a temp dir."""
+def publish_dir(config: LearnerConfig, data_root: Path, adapter_bytes: int = 0) -> Path:
+    """The root for published adapters: ``publish_dir``; else a private folder on ``publish_tmpfs`` when
+    it has room for the kept versions; else ``data_root`` (under the data dir)."""
     if config.publish_dir:
-        root = Path(config.publish_dir)
-    elif SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK):
-        root = SHM_DIR / "mia_engine"
-    else:
-        root = Path(tempfile.gettempdir()) / "mia_engine"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+        return _private_dir(Path(config.publish_dir).expanduser())
+    if config.publish_tmpfs:
+        tmpfs = Path(config.publish_tmpfs)
+        needed = adapter_bytes * (config.num_checkpoints_kept + _TMPFS_HEADROOM)
+        if tmpfs.is_dir() and os.access(tmpfs, os.W_OK) and shutil.disk_usage(tmpfs).free >= needed:
+            tag = hashlib.sha256(str(Path(data_root).resolve()).encode()).hexdigest()[:16]
+            return _private_dir(tmpfs / f"mia_engine-{os.getuid()}-{tag}")
+        log.warning("learner.publish_tmpfs %s lacks %d MiB for %d adapter versions: publishing under %s",
+                    tmpfs, needed >> 20, config.num_checkpoints_kept + _TMPFS_HEADROOM, data_root)
+    return _private_dir(Path(data_root))
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 def publish_path(root: Path, role: str, version: int) -> Path:
@@ -41,20 +58,30 @@ def publish_path(root: Path, role: str, version: int) -> Path:
     if not role or "/" in role or role.startswith("."):
         raise ValueError(f"invalid role name {role!r} for a publish path")
     role_dir = Path(root) / role
-    role_dir.mkdir(parents=True, exist_ok=True)
+    role_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return role_dir / f"v{version}-{uuid.uuid4().hex}"
 
 
-def prune_published(role_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest published folders of a role (tmpfs is memory); returns them.
-
-    Call it after the registry has retired the old versions: vLLM reads a folder only when loading it."""
+def prune_published(role_dir: Path, keep: int, protected: Iterable[Path] = ()) -> list[Path]:
+    """Delete all but the ``keep`` newest published folders of a role; returns them. ``protected``
+    folders (the live and draining versions: vLLM re-reads a folder when it reloads an evicted adapter)
+    are never deleted, whatever their number."""
+    keep_paths = {Path(p).resolve() for p in protected}
     found = sorted((int(m.group(1)), p) for p in Path(role_dir).iterdir()
                    if p.is_dir() and (m := _PUBLISHED_DIR.match(p.name)))
-    doomed = [path for _, path in found[:max(len(found) - keep, 0)]]
+    doomed = [path for _, path in found[:max(len(found) - keep, 0)] if path.resolve() not in keep_paths]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (the directory entry, not only the file data)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class AdapterCheckpoints:
@@ -69,7 +96,7 @@ class AdapterCheckpoints:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stale in self.root.glob(".tmp-*"):  # left by a crash mid-write
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
@@ -84,23 +111,30 @@ class AdapterCheckpoints:
         return sorted(int(m.group(1)) for p in self.root.iterdir()
                       if p.is_dir() and (m := _VERSION_DIR.match(p.name)))
 
-    def save(self, version: int, src_dir: Path) -> Path:
-        """Copy a published adapter folder in as ``version``, mark it the latest good one, prune."""
+    def next_version(self) -> int:
+        """One past the newest version ever kept here (0 for an empty root): numbers continue across
+        restarts, so a new save never meets an existing folder."""
+        return max(self.versions(), default=-1) + 1
+
+    def save(self, version: int, src_dir: Path, protected: Iterable[Path] = ()) -> Path:
+        """Copy a published adapter folder in as ``version``, mark it the latest good one, prune (never a
+        folder in ``protected``: the live and draining versions). An existing version is never replaced."""
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
+        target = self.path(version)
+        if target.exists():
+            raise FileExistsError(f"{target} exists; checkpoint versions are never reused")
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         try:
             shutil.copytree(src_dir, tmp)
             _fsync_tree(tmp)
-            target = self.path(version)
-            if target.exists():  # a version number re-saved (e.g. after a restart): the new copy wins
-                shutil.rmtree(target)
-            os.rename(tmp, target)
+            os.rename(tmp, target)  # fails rather than replace if a folder appeared meanwhile
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.mark_good(version)
-        self._prune()
+        self._prune(protected)
         return target
 
     def mark_good(self, version: int) -> None:
@@ -113,6 +147,7 @@ class AdapterCheckpoints:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / LATEST_FILE)
+        fsync_dir(self.root)
 
     def latest_version(self) -> int | None:
         """The version ``LATEST`` names, if it is still on disk."""
@@ -132,12 +167,13 @@ class AdapterCheckpoints:
         older = [v for v in self.versions() if v < version]
         return self.path(older[-1]) if older else None
 
-    def _prune(self) -> None:
-        """Keep the ``keep`` newest versions, and the latest good one whatever its age."""
+    def _prune(self, protected: Iterable[Path] = ()) -> None:
+        """Keep the ``keep`` newest versions, the latest good one whatever its age, and any protected."""
         versions = self.versions()
-        protected = set(versions[-self.keep:]) | {self.latest_version()}
+        kept_paths = {Path(p).resolve() for p in protected}
+        kept = set(versions[-self.keep:]) | {self.latest_version()}
         for version in versions:
-            if version not in protected:
+            if version not in kept and self.path(version).resolve() not in kept_paths:
                 shutil.rmtree(self.path(version), ignore_errors=True)
 
 

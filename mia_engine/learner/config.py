@@ -35,7 +35,8 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
     dtype: LearnerDtype = "float32"
-    """Dtype of the base weights in the learner; LoRA weights stay float32 (PEFT upcasts them)."""
+    """Dtype of the base weights in the learner (bfloat16 on a GPU); LoRA weights stay float32 (PEFT
+    upcasts them) and are published in the serving engine's dtype."""
     lr: float = 1e-6
     """AdamW learning rate (paper: 1e-6)."""
     clip_eps: float = 0.2
@@ -56,6 +57,14 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     micro_batch_size: int = 4
     """Sequences per forward/backward pass; gradients are accumulated and scaled so the result equals the
     full-batch gradient. Lower it when the learner runs out of memory."""
+    max_seq_len: int = 0
+    """Longest prompt + completion (tokens) the learner trains on; longer rollouts are left out of the
+    update (counted in ``StepResult.num_skipped_long``). 0 = no limit beyond the Planner engine's
+    ``max_model_len``, which is then what the dry run budgets: ``micro_batch_size`` sequences of it."""
+    gradient_checkpointing: bool = True
+    """Recompute each layer's activations in the backward pass instead of keeping them (an 8B learner
+    does not fit one GPU without it at long contexts). Needs train mode, which the learner uses (with
+    dropout off) because Hugging Face turns checkpointing off under ``eval()``."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay of the LoRA weights."""
     num_epochs: int = 1
@@ -64,8 +73,13 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     advantage_eps: float = 1e-6
     """ε in the group advantage (R − mean) / (std + ε)."""
     publish_dir: str = ""
-    """Where adapter versions are written for vLLM to load; empty = ``/dev/shm/mia_engine`` when /dev/shm
-    is writable (tmpfs: no disk write on the update path), else a folder in the system temp dir."""
+    """Where adapter versions are written for vLLM to load; empty = ``<data_dir>/adapters/published``
+    (private to this instance), or a folder on ``publish_tmpfs``."""
+    publish_tmpfs: str = ""
+    """A tmpfs (e.g. ``/dev/shm``) to publish on instead of the data dir, so the update path writes no
+    disk; used only when it has room for ``num_checkpoints_kept`` + 2 adapters, in a folder of this
+    instance's own (mode 0700, named after the data dir). A default Docker /dev/shm is 64 MB: a rank-64
+    adapter of an 8B model is ~0.35 GB in bf16. Ignored when ``publish_dir`` is set."""
     num_checkpoints_kept: int = 3
     """Durable copies of published versions kept for rollback (the latest good one is never pruned)."""
     seed: int = 0
@@ -87,6 +101,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
         _require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
         _require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")

@@ -24,6 +24,7 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
+from .checkpoints import fsync_dir
 from .config import LearnerConfig
 from .grpo import grpo_loss, group_advantages, sequence_token_logprobs
 
@@ -74,6 +75,8 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     kl: float
     """Mean k3 KL to the adapter-free model (0 unless ``kl_beta`` > 0)."""
     num_skipped_groups: int
+    num_skipped_long: int = 0
+    """Rollouts left out for being longer than ``max_seq_len``."""
     """Groups whose rewards were all equal (zero advantage)."""
     step_seconds: float
     version: int
@@ -126,9 +129,12 @@ class _Pass:
 class PlannerLearner:
     """The Planner's base model with its LoRA adapter, trainable, plus an AdamW over the LoRA weights."""
 
-    def __init__(self, base_dir: Path, adapter_dir: Path, config: LearnerConfig = LearnerConfig()) -> None:
+    def __init__(self, base_dir: Path, adapter_dir: Path, config: LearnerConfig = LearnerConfig(),
+                 publish_dtype: torch.dtype | None = None) -> None:
         torch.manual_seed(config.seed)
         self.config = config
+        self.publish_dtype = publish_dtype
+        """Dtype of published adapters (the serving engine's); None = the LoRA weights' own (fp32)."""
         self.device = torch.device(config.device)
         self.model = _load_peft_model(Path(base_dir), Path(adapter_dir), config)
         self._adapter_config_text = (Path(adapter_dir) / ADAPTER_CONFIG).read_text()
@@ -151,6 +157,7 @@ class PlannerLearner:
         if not bool(torch.isfinite(rewards).all()):
             return summary.rejected("non-finite reward in the batch", self.version)
         sequences, num_skipped = _prepare(samples, self.config.advantage_eps)
+        sequences, summary.num_skipped_long = _drop_long(sequences, self.config.max_seq_len)
         summary.num_skipped_groups, summary.num_sequences = num_skipped, len(sequences)
         if not sequences:
             return summary.rejected("no learning signal: every group's rewards are equal", self.version)
@@ -162,6 +169,7 @@ class PlannerLearner:
         For tests and diagnostics: it runs exactly the accumulation ``step`` runs."""
         self._check_samples(samples)
         sequences, _ = _prepare(samples, self.config.advantage_eps)
+        sequences, _ = _drop_long(sequences, self.config.max_seq_len)
         self._optimizer.zero_grad(set_to_none=True)
         if sequences:
             normalizer = _normalizer(sequences, self.config.aggregation)
@@ -181,11 +189,14 @@ class PlannerLearner:
         tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
         tmp.mkdir(parents=True)
         try:
-            tensors = {key: p.detach().to("cpu", copy=True).contiguous() for key, p in self._params.items()}
+            dtype = self.publish_dtype
+            tensors = {key: p.detach().to("cpu", dtype=dtype or p.dtype, copy=True).contiguous()
+                       for key, p in self._params.items()}
             save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
             (tmp / ADAPTER_CONFIG).write_text(self._adapter_config_text)
             _fsync_files(tmp)
             os.rename(tmp, out_dir)
+            fsync_dir(out_dir.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -208,8 +219,14 @@ class PlannerLearner:
                 raise ValueError(f"{adapter_dir}: {key} holds non-finite values")
         with torch.no_grad():
             for key, param in self._params.items():
-                param.copy_(tensors[key])
+                param.copy_(tensors[key].to(param.dtype))
         self._optimizer = self._new_optimizer()
+
+    @property
+    def adapter_num_bytes(self) -> int:
+        """Size of one published adapter (weights in ``publish_dtype``)."""
+        size = self.publish_dtype.itemsize if self.publish_dtype else None
+        return sum(p.numel() * (size or p.element_size()) for p in self._params.values())
 
     def lora_state(self) -> dict[str, torch.Tensor]:
         """Copies of the LoRA weights keyed as in the PEFT file (for tests and checksums)."""
@@ -360,6 +377,7 @@ class _Summary:
         self.reward_mean = float(rewards.mean())
         self.reward_std = float(rewards.std(unbiased=False))
         self.num_skipped_groups = 0
+        self.num_skipped_long = 0
         self.totals = _Pass()
         self.num_sequences = 0
         self.grad_norm = math.nan
@@ -380,6 +398,7 @@ class _Summary:
             grad_norm=self.grad_norm, num_sequences=self.num_sequences, num_tokens=t.num_tokens,
             reward_mean=self.reward_mean, reward_std=self.reward_std, clip_fraction=t.mean("clip_fraction"),
             ratio_mean=t.mean("ratio_mean"), kl=t.mean("kl"), num_skipped_groups=self.num_skipped_groups,
+            num_skipped_long=self.num_skipped_long,
             step_seconds=time.perf_counter() - self.started, version=version)
 
 
@@ -394,9 +413,22 @@ def _load_peft_model(base_dir: Path, adapter_dir: Path, config: LearnerConfig) -
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, config.dtype))
     base.to(torch.device(config.device))
     model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
-    # Eval mode: no dropout, so the learner scores tokens with the same policy vLLM sampled from.
-    model.eval()
+    if config.gradient_checkpointing:  # non-reentrant: the frozen embeddings' output needs no grad
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _disable_dropout(model)
+    # Train mode (Hugging Face checkpoints only when ``training``), with every dropout at 0 so the
+    # learner scores tokens with the same policy vLLM sampled from.
+    model.train()
     return model
+
+
+def _disable_dropout(model: torch.nn.Module) -> None:
+    """Dropout off for good, whatever mode the model is put in (LoRA dropout, attention dropout)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
 
 
 def _lora_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -426,6 +458,12 @@ def _prepare(samples: list[GRPOSample], eps: float) -> tuple[list[_Sequence], in
             continue
         sequences += [seq for s, a in zip(members, advantages.tolist()) if (seq := _sequence(s, a)) is not None]
     return sequences, num_skipped
+
+
+def _drop_long(sequences: list[_Sequence], max_len: int) -> tuple[list[_Sequence], int]:
+    """Sequences within ``max_len`` tokens (0 = no limit), and how many were left out."""
+    kept = [s for s in sequences if not max_len or len(s.token_ids) <= max_len]
+    return kept, len(sequences) - len(kept)
 
 
 def _normalizer(sequences: list[_Sequence], aggregation: str) -> float:

@@ -3,15 +3,18 @@ LoRA adapter between batches, published to the serving engine without stopping i
 
 Learning requests hand their judged rollout groups here; once ``batch_size`` groups are gathered, one
 update runs off the event loop (a dedicated thread), the new weights are written to a fresh folder
-(tmpfs when there is one) and published through the adapter registry: requests already running finish
-on the old version, new ones get the new one. An update that is non-finite, or an adapter the engine
-will not load, is rejected and the previous version keeps serving. Good versions are checkpointed
+(under the data dir, or a private tmpfs folder: ``checkpoints.publish_dir``) in the engine's dtype and
+published through the adapter registry: requests already running finish
+on the old version, new ones get the new one. An update that is non-finite, or one whose save or load
+fails, is rejected: the previous version keeps serving and the learner returns to it. An operator's
+adapter published to the role becomes the learner's starting point. Good versions are checkpointed
 under the data dir, so a restart resumes from the latest and ``rollback`` can return to the previous.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import time
@@ -22,7 +25,7 @@ from typing import Any
 import msgspec
 import torch
 
-from ..engines.adapters import AdapterError, AdapterRegistry
+from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from .config import LearnerConfig
 from .learner import GRPOSample, PlannerLearner, StepResult
@@ -54,8 +57,14 @@ class TestTimeLearner:
         self.registry = registry
         self.role = role
         self.checkpoints = AdapterCheckpoints(checkpoint_root, config.num_checkpoints_kept)
-        self._publish_root = publish_dir(config)
+        self._data_publish_root = Path(checkpoint_root).parent / "published"
+        self._publish_root: Path | None = None  # chosen at start, once the adapter's size is known
         self._learner: PlannerLearner | None = None
+        self._base_dir: Path | None = None
+        self._publish_dtype: torch.dtype | None = None
+        self._based_on: Path | None = None
+        """The served adapter folder the learner's weights started from (its updates build on it)."""
+        self._own_paths: set[Path] = set()
         self._pending: list[list[GRPOSample]] = []
         self._lock = asyncio.Lock()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttl-learner")
@@ -63,24 +72,45 @@ class TestTimeLearner:
         self.on_update = on_update
         """Called with every ``UpdateReport`` (metrics, the ttl command's metrics file)."""
         self.reports: list[UpdateReport] = []
+        registry.on_publish(self._on_publish)
 
     def resume_path(self) -> Path | None:
         """The latest good checkpoint to serve at startup (None: the configured adapter)."""
         return self.checkpoints.latest()
 
-    async def start(self, base_dir: Path) -> None:
-        """Load the trainable copy of the Planner from the adapter version now serving."""
+    async def start(self, base_dir: Path, engine_dtype: str = "auto") -> None:
+        """Load the trainable copy of the Planner from the adapter version now serving; adapters are
+        published in ``engine_dtype`` (the serving engine's; ``auto`` = the base model's)."""
         current = self.registry.current(self.role)
         if current is None:
             raise AdapterError(f"role {self.role!r} has no adapter to learn")
         loop = asyncio.get_running_loop()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        self._learner = await loop.run_in_executor(self._thread, PlannerLearner, base_dir, current.path, self.config)
-        if self.checkpoints.latest_version() is None:  # the starting point is the first rollback target
-            await loop.run_in_executor(self._thread, self.checkpoints.save, 0, current.path)
-        log.info("test-time learner ready on %s (%s, lr %g, batch %d groups)", self.role, self.config.device,
-                 self.config.lr, self.config.batch_size)
+        self._base_dir, self._publish_dtype = Path(base_dir), serving_dtype(Path(base_dir), engine_dtype)
+        self._learner = await loop.run_in_executor(self._thread, PlannerLearner, base_dir, current.path,
+                                                   self.config, self._publish_dtype)
+        self._publish_root = publish_dir(self.config, self._data_publish_root, self._learner.adapter_num_bytes)
+        await loop.run_in_executor(self._thread, self._continue_numbering, current.path, self._served_paths(), 0)
+        self._based_on = current.path
+        log.info("test-time learner ready on %s (%s, lr %g, batch %d groups, v%d, publishing to %s)", self.role,
+                 self.config.device, self.config.lr, self.config.batch_size, self._learner.version, self._publish_root)
+
+    def _continue_numbering(self, served: Path, protected: set[Path], at_least: int) -> None:
+        """Versions continue from the checkpoints on disk; a served adapter that is not the latest good
+        checkpoint (first start, an operator's) is checkpointed as the next version: the rollback target."""
+        assert self._learner is not None
+        latest = self.checkpoints.latest()
+        if latest is not None and latest.resolve() == served.resolve():
+            self._learner.version = self.checkpoints.next_version() - 1
+            return
+        version = max(self.checkpoints.next_version(), at_least)
+        self.checkpoints.save(version, served, protected)
+        self._learner.version = version
+
+    def _served_paths(self) -> set[Path]:
+        """Folders of the role's live and draining versions: never pruned."""
+        return {v.path for v in self.registry.versions() if v.role == self.role}
 
     @property
     def is_ready(self) -> bool:
@@ -116,27 +146,86 @@ class TestTimeLearner:
         return report
 
     async def _publish(self, step: StepResult) -> UpdateReport:
-        assert self._learner is not None
+        """Save, load into the engine, switch; on any failure the learner goes back to what is served."""
+        assert self._learner is not None and self._publish_root is not None
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        path = publish_path(self._publish_root, self.role, step.version)
-        await loop.run_in_executor(self._thread, self._learner.save_adapter, path)
-        previous = self.registry.current(self.role)
+        served = self.registry.current(self.role)
+        if served is not None and served.path != self._based_on:  # an operator published meanwhile
+            await self._adopt(served.path)
+            return UpdateReport(step, False, f"{served.path} was published during the update; the learner "
+                                "continues from it", self._live_version(), time.perf_counter() - start)
         try:
-            version = await self.registry.publish(self.role, path)
-        except AdapterError as err:
-            if previous is not None:  # the learner goes back to what is serving
-                await loop.run_in_executor(self._thread, self._learner.load_adapter_weights, previous.path)
-            return UpdateReport(step, False, f"the engine refused the new adapter: {err}", self._live_version(),
-                                time.perf_counter() - start)
+            path = publish_path(self._publish_root, self.role, step.version)
+            await loop.run_in_executor(self._thread, self._learner.save_adapter, path)
+            version = await self._publish_own(path)
+        except Exception as err:  # a full disk, a refused adapter, an engine error: nothing may drift
+            reason = f"publishing failed ({type(err).__name__}: {err}); " + await self._back_to(served)
+            return UpdateReport(step, False, reason, self._live_version(), time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        await loop.run_in_executor(self._thread, self._checkpoint, step.version, path)
+        try:
+            await loop.run_in_executor(self._thread, self._checkpoint, step.version, path, self._served_paths())
+        except Exception as err:  # serving and learner agree; only the durable copy is missing
+            log.error("checkpoint of %s v%d failed (%s): serving it without a durable copy", self.role,
+                      step.version, err)
         return UpdateReport(step, True, "", version.version, seconds)
 
-    def _checkpoint(self, learner_version: int, path: Path) -> None:
-        self.checkpoints.save(learner_version, path)
-        self.checkpoints.mark_good(learner_version)
-        prune_published(path.parent, self.config.num_checkpoints_kept + 1)
+    async def _publish_own(self, path: Path) -> AdapterVersion:
+        self._own_paths.add(path.resolve())
+        try:
+            version = await self.registry.publish(self.role, path)
+        finally:
+            self._own_paths.discard(path.resolve())
+        self._based_on = version.path
+        return version
+
+    async def _back_to(self, served: AdapterVersion | None) -> str:
+        """Reset the learner to the served version's weights; learning stops if even that fails."""
+        assert self._learner is not None
+        if served is None:
+            return "nothing is served to return to"
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._learner.load_adapter_weights, served.path)
+        except Exception as err:
+            self._learner = None
+            log.error("the learner cannot return to %s (%s): test-time learning is off", served.path, err)
+            return f"the learner could not return to the served version ({err}); learning is off"
+        self._based_on = served.path
+        return f"the learner is back on the served version {self.role}@v{served.version}"
+
+    def _checkpoint(self, learner_version: int, path: Path, protected: set[Path]) -> None:
+        self.checkpoints.save(learner_version, path, protected)
+        prune_published(path.parent, self.config.num_checkpoints_kept + 1, protected)
+
+    async def _on_publish(self, version: AdapterVersion) -> None:
+        """An operator's adapter (``POST /v1/adapters/{role}``) becomes the learner's starting point."""
+        if version.role != self.role or version.path.resolve() in self._own_paths or self._learner is None:
+            return
+        task = asyncio.ensure_future(self._adopt_locked(version.path))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _adopt_locked(self, path: Path) -> None:
+        async with self._lock:
+            if self._learner is not None and path != self._based_on:
+                await self._adopt(path)
+
+    async def _adopt(self, path: Path) -> None:
+        """Continue learning from ``path`` (served now), checkpointed as the next version."""
+        assert self._learner is not None
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._thread, self._learner.load_adapter_weights, path)
+        except ValueError:  # another rank or other target modules: a learner built on it
+            version = self._learner.version
+            self._learner = await loop.run_in_executor(self._thread, PlannerLearner, self._base_dir, path,
+                                                       self.config, self._publish_dtype)
+            self._learner.version = version
+        self._based_on = path
+        await loop.run_in_executor(self._thread, self._continue_numbering, path, self._served_paths(),
+                                   self._learner.version + 1)
+        log.info("the learner continues from the operator's adapter %s (v%d)", path, self._learner.version)
 
     async def rollback(self) -> int:
         """Serve (and continue learning from) the checkpoint before the latest good one."""
@@ -147,13 +236,20 @@ class TestTimeLearner:
             previous = self.checkpoints.previous(latest) if latest is not None else None
             if previous is None:
                 raise AdapterError("no earlier adapter version to roll back to")
-            version = await self.registry.publish(self.role, previous)
             loop = asyncio.get_running_loop()
+            served = self.registry.current(self.role)
             await loop.run_in_executor(self._thread, self._learner.load_adapter_weights, previous)
+            try:
+                version = await self._publish_own(previous)
+            except Exception:
+                await self._back_to(served)
+                raise
             target = int(previous.name.lstrip("v"))
             self.checkpoints.mark_good(target)
+            protected = {p.resolve() for p in self._served_paths()}
             for newer in [v for v in self.checkpoints.versions() if v > target]:  # rolled back: not good
-                shutil.rmtree(self.checkpoints.path(newer), ignore_errors=True)
+                if self.checkpoints.path(newer).resolve() not in protected:
+                    shutil.rmtree(self.checkpoints.path(newer), ignore_errors=True)
             log.warning("rolled %s back to checkpoint %s (now %s@v%d)", self.role, previous.name, self.role,
                         version.version)
             return version.version
@@ -178,6 +274,18 @@ class TestTimeLearner:
         for task in self._tasks:
             task.cancel()
         self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def serving_dtype(base_dir: Path, engine_dtype: str) -> torch.dtype:
+    """The engine's dtype as torch's: its config value, or for ``auto`` the model's ``torch_dtype``."""
+    name = engine_dtype
+    if name == "auto":
+        config = json.loads((base_dir / "config.json").read_text())
+        name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtype = getattr(torch, {"half": "float16", "float": "float32"}.get(name, name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown engine dtype {engine_dtype!r}")
+    return dtype
 
 
 def rollout_samples(rollouts: list[Any], group_id: str) -> list[GRPOSample]:

@@ -137,6 +137,9 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     score_device: str = "cpu"
     """Where the per-bucket key matrices live and the score runs: "cpu", "cuda", or "auto" (CUDA
     when torch sees a GPU)."""
+    index_device: str = "cpu"
+    """Where the FAISS nearest-neighbour indexes live: "cpu", or "cuda:N" for GPU N when FAISS was built
+    with CUDA (faiss-gpu). Never chosen implicitly: on a GPU box give it the GPU that no engine uses."""
     score_backend: str = "auto"
     """``backend`` passed to ``kernels.memory_score.memory_topk``."""
     max_import_bytes: int = 256 * 1024 * 1024
@@ -151,4 +154,7 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
         _require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
         _require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
+        _require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
+                                                and self.index_device[5:].isdigit()),
+                 f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")
         _require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")

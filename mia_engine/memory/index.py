@@ -12,12 +12,25 @@ import faiss
 import numpy as np
 
 
-def gpu_resources() -> Any | None:
-    """One set of FAISS GPU resources per store when FAISS was built with CUDA and sees a GPU."""
-    get_num_gpus = getattr(faiss, "get_num_gpus", None)
-    if get_num_gpus is None or get_num_gpus() <= 0:
+class GpuPlacement:
+    """FAISS GPU resources and the GPU they belong to (``memory.index_device``)."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.resources = faiss.StandardGpuResources()
+
+
+def gpu_resources(index_device: str = "cpu") -> GpuPlacement | None:
+    """FAISS GPU resources on the configured GPU, or None for "cpu". Never probes the GPU otherwise:
+    FAISS initialises CUDA outside torch, which vLLM cannot see when it decides fork vs spawn."""
+    if index_device == "cpu":
         return None
-    return faiss.StandardGpuResources()
+    get_num_gpus = getattr(faiss, "get_num_gpus", None)
+    device = int(index_device.removeprefix("cuda:"))
+    if get_num_gpus is None or get_num_gpus() <= device:
+        raise RuntimeError(f"memory.index_device {index_device!r}: this FAISS build sees no such GPU "
+                           "(install faiss-gpu, or set it to 'cpu')")
+    return GpuPlacement(device)
 
 
 class VectorIndex:
@@ -72,7 +85,9 @@ class VectorIndex:
         if self._resources is None:
             flat = faiss.IndexFlatIP(self._dim)
         else:
-            flat = faiss.GpuIndexFlatIP(self._resources, self._dim)
+            options = faiss.GpuIndexFlatConfig()
+            options.device = self._resources.device
+            flat = faiss.GpuIndexFlatIP(self._resources.resources, self._dim, options)
         return faiss.IndexIDMap2(flat)
 
     def _rebuild_without(self, key: int) -> None:

@@ -66,7 +66,7 @@ class ExperienceStore:
         self._clock = clock
         self._score_fn = score_fn
         self._device = _score_device(config.score_device)
-        self._faiss_resources = gpu_resources()
+        self._faiss_resources = gpu_resources(config.index_device)
         self._entries: dict[str, MemoryEntry] = {}
         self._buckets: dict[BucketKey, Bucket] = {}
         self._meta_plans = MetaPlanMemory(dim, self._faiss_resources)

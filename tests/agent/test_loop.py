@@ -342,3 +342,15 @@ async def test_a_structured_turn_always_has_the_tokens_its_regex_allows() -> Non
     limits = agent.config.regex
     assert budgets[0] >= limits.max_think_chars + len(question) + 60  # the pinned question fits
     assert all(b >= limits.max_think_chars + limits.max_answer_chars for b in budgets)
+
+
+async def test_one_rollout_keeps_to_one_replica_key() -> None:
+    """Data-parallel routing: the G plans and the Planner turns that continue them share the question's
+    key; each rollout's Executor turns share a key of their own."""
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL,
+                                              reflection="yes"))
+    await agent.research(ResearchRequest("q", num_rollouts=2))
+    planner_keys = {o.affinity_key for m, o in client.options if m == "planner"}
+    executor_keys = {o.affinity_key for m, o in client.options if m == "executor"}
+    (question_key,) = planner_keys
+    assert question_key and executor_keys == {f"{question_key}/0", f"{question_key}/1"}

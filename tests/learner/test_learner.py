@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mia_engine.learner import checkpoints
 from mia_engine.learner.checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from mia_engine.learner.config import LearnerConfig
 from mia_engine.learner.learner import GRPOSample, PlannerLearner
@@ -321,7 +321,7 @@ def test_checkpoints_clean_up_after_a_crash(tmp_path: Path) -> None:
 
 
 def test_publish_paths_are_new_for_every_version(tmp_path: Path) -> None:
-    root = publish_dir(LearnerConfig(publish_dir=str(tmp_path / "shm")))
+    root = publish_dir(LearnerConfig(publish_dir=str(tmp_path / "shm")), tmp_path / "data")
     assert root == tmp_path / "shm" and root.is_dir()
     first, again = publish_path(root, "planner", 3), publish_path(root, "planner", 3)
     assert first != again and first.parent == root / "planner" and first.name.startswith("v3-")
@@ -333,10 +333,14 @@ def test_publish_paths_are_new_for_every_version(tmp_path: Path) -> None:
         publish_path(root, "../etc", 1)
 
 
-def test_publish_dir_default_prefers_shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checkpoints, "SHM_DIR", tmp_path / "shm")
-    monkeypatch.setattr(checkpoints.tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    assert publish_dir(LearnerConfig()) == tmp_path / "tmp" / "mia_engine"  # no /dev/shm: temp dir
-    (tmp_path / "shm").mkdir()
-    assert publish_dir(LearnerConfig()) == tmp_path / "shm" / "mia_engine"
+def test_publish_dir_is_the_data_dir_unless_a_private_tmpfs_has_room(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "adapters" / "published"
+    assert publish_dir(LearnerConfig(), data) == data  # default: under the data dir, not a shared /dev/shm
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    config = LearnerConfig(publish_tmpfs=str(shm))
+    private = publish_dir(config, data, adapter_bytes=1024)
+    assert private.parent == shm and private.name.startswith("mia_engine-") and private.stat().st_mode & 0o777 == 0o700
+    assert publish_dir(config, tmp_path / "other-instance", 1024) != private  # one folder per instance
+    too_big = shutil.disk_usage(shm).free  # x (kept + 2) versions cannot fit
+    assert publish_dir(config, data, adapter_bytes=too_big) == data

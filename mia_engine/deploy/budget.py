@@ -1,0 +1,286 @@
+"""The per-GPU memory budget of a config, from the models' ``config.json`` files, and its refusals.
+
+Every figure is a formula over the shapes (``shapes.py``) and config values, written once here:
+
+- **engine share** of each of its GPUs = ``gpu_memory_utilization`` x GPU memory (what vLLM claims).
+  Inside it: weights / (TP x PP); LoRA slots = ``max_loras`` x rank-``max_lora_rank`` A and B matrices of
+  q, k, v, o, gate, up, down in every layer, / (TP x PP); profiling activations ≈ T x (4·H + 2·I/TP) x
+  dtype bytes + ``max_num_seqs`` x V x 4 (fp32 logits), T = ``max_num_batched_tokens``; a CUDA context;
+  the **KV cache** is what is left, in tokens = bytes / (2 x layers/PP x max(1, kv_heads/TP) x head_dim x
+  dtype bytes). Vision-tower weights are counted even when only token ids are sent.
+- **learner** (PEFT copy of the Planner's base on ``learner.device``): base weights in ``learner.dtype``;
+  the LoRA (rank = the Planner engine's ``max_lora_rank``, all seven projections) in fp32 with its
+  gradient and AdamW's two moments (16 bytes/parameter); activations with gradient checkpointing for
+  ``micro_batch_size`` sequences of T = ``learner.max_seq_len`` (or the engine's ``max_model_len``):
+  checkpointed layer inputs (L·b·T·H), one layer recomputed (b·T·(8·H + 4·I)), both in the learner's
+  dtype, and the logits (b·T·V x (dtype + 4 + 4) bytes: the logits, their fp32 copy and logsumexp work).
+- **memory**: the encoder's weights (+ one batch of activations) on ``memory.embedder.device``; FAISS
+  vectors (fp32, question + caption per entry, plus Meta Plan pairs) on ``memory.index_device``; score
+  key matrices (fp32, question + caption) on ``memory.score_device``; capacities from
+  ``memory.max_num_entries`` / ``max_num_meta_plans``.
+- The serving process pays one ``gpus.cuda_context_gib`` on every GPU it touches.
+
+A GPU whose claims exceed its memory, a KV cache that cannot hold one ``max_model_len`` sequence, a
+device id beyond ``gpus.num_gpus``, or a Ray engine whose tensor parallelism spans nodes is refused with a
+``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from ..config import ConfigError, EngineConfig, MIAConfig, resolve_role
+from ..learner.config import LearnerConfig
+from .shapes import DTYPE_BYTES, DecoderShape, bert_params, decoder_shape, read_config
+
+GIB = 1024**3
+ACTIVATION_ROWS_PER_TOKEN = 4
+"""Hidden-size-wide rows live per token at vLLM's activation peak (residual, norm out, attn out, o out)."""
+
+
+class Item(msgspec.Struct, frozen=True):
+    what: str
+    num_bytes: int
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """One component's share of one GPU."""
+
+    owner: str
+    """``engine <name> replica i/n``, ``serving process``."""
+    field: str
+    """The config field to change when this claim does not fit."""
+    items: list[Item]
+    share_bytes: int
+    """What it takes of the GPU (for an engine: its whole ``gpu_memory_utilization`` share)."""
+    kv_tokens: int = 0
+
+
+class GpuBudget(msgspec.Struct):
+    gpu: str
+    """``0``..``7`` for this node, ``ray:<engine>`` for one GPU of a Ray engine."""
+    capacity_bytes: int
+    claims: list[Claim] = []
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(c.share_bytes for c in self.claims)
+
+
+class Plan(msgspec.Struct):
+    gpus: list[GpuBudget]
+    shapes: dict[str, DecoderShape]
+    notes: list[str]
+
+
+def plan(config: MIAConfig, model_dir: Callable[[str], Path]) -> Plan:
+    """The budget of every GPU of a config; ``model_dir`` maps ``EngineConfig.model`` to a folder."""
+    shapes = {name: _shape(name, e.model, model_dir) for name, e in config.engines.items()}
+    num_gpus = _num_gpus(config)
+    capacity = int(config.gpus.memory_gib * GIB)
+    gpus = {str(g): GpuBudget(str(g), capacity, []) for g in range(num_gpus)}
+    notes: list[str] = []
+    for name, engine in config.engines.items():
+        _place_engine(config, name, engine, shapes[name], gpus, notes)
+    _place_serving_process(config, shapes, model_dir, gpus)
+    for budget in gpus.values():
+        _check_fits(budget)
+    return Plan(list(gpus.values()), shapes, notes)
+
+
+def _shape(name: str, model: str, model_dir: Callable[[str], Path]) -> DecoderShape:
+    try:
+        return decoder_shape(read_config(model_dir(model)))
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        raise ConfigError(f"engines.{name}.model: {str(err).strip(chr(34))}") from None
+
+
+def _num_gpus(config: MIAConfig) -> int:
+    named = [d for e in config.engines.values() for d in e.devices]
+    named += [d for d in (_gpu_index(v) for v in _serving_devices(config).values()) if d is not None]
+    highest = max(named, default=-1) + 1
+    if config.gpus.num_gpus and highest > config.gpus.num_gpus:
+        field = next(f for f, v in _device_fields(config).items() if highest - 1 in v)
+        raise ConfigError(f"{field}: GPU {highest - 1} does not exist (gpus.num_gpus = {config.gpus.num_gpus})")
+    return config.gpus.num_gpus or highest
+
+
+def _device_fields(config: MIAConfig) -> dict[str, list[int]]:
+    fields = {f"engines.{n}.devices": list(e.devices) for n, e in config.engines.items()}
+    fields.update({f: [g] for f, v in _serving_devices(config).items() if (g := _gpu_index(v)) is not None})
+    return fields
+
+
+def _serving_devices(config: MIAConfig) -> dict[str, str]:
+    memory = config.memory
+    return {"learner.device": config.learner.device, "memory.embedder.device": memory.embedder.device,
+            "memory.index_device": memory.index_device, "memory.score_device": memory.score_device}
+
+
+def _gpu_index(device: str) -> int | None:
+    if device == "cuda":
+        return 0
+    if device.startswith("cuda:"):
+        return int(device[5:])
+    return None
+
+
+def engine_dtype_bytes(engine: EngineConfig, shape: DecoderShape) -> int:
+    name = shape.torch_dtype if engine.dtype == "auto" else engine.dtype
+    return DTYPE_BYTES.get(name, 2)
+
+
+def engine_items(engine: EngineConfig, shape: DecoderShape, batched_tokens: int) -> list[Item]:
+    """What one GPU of one replica holds besides its KV cache."""
+    b = engine_dtype_bytes(engine, shape)
+    split = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    items = [Item("weights", shape.num_params * b // split)]
+    if engine.enable_lora:
+        lora = engine.max_loras * shape.lora_params_per_layer(engine.max_lora_rank) * shape.num_layers * b
+        items.append(Item(f"LoRA slots ({engine.max_loras} x r{engine.max_lora_rank})", lora // split))
+    tokens = engine.max_num_batched_tokens or batched_tokens
+    tp = engine.tensor_parallel_size
+    per_token = ACTIVATION_ROWS_PER_TOKEN * shape.hidden_size + 2 * shape.intermediate_size // tp
+    items.append(Item("activations (profile)", tokens * per_token * b + engine.max_num_seqs * shape.vocab_size * 4))
+    return items
+
+
+def kv_bytes_per_token_per_gpu(engine: EngineConfig, shape: DecoderShape) -> int:
+    kv_heads = max(1, shape.num_kv_heads // engine.tensor_parallel_size)
+    layers = math.ceil(shape.num_layers / engine.pipeline_parallel_size)
+    return 2 * layers * kv_heads * shape.head_dim * engine_dtype_bytes(engine, shape)
+
+
+def _place_engine(config: MIAConfig, name: str, engine: EngineConfig, shape: DecoderShape,
+                  gpus: dict[str, GpuBudget], notes: list[str]) -> None:
+    if not gpus and not engine.devices and engine.executor_backend != "ray":
+        _place_host_engine(name, engine, shape, gpus)
+        return
+    replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    share = int(engine.gpu_memory_utilization * config.gpus.memory_gib * GIB)
+    context = int(config.gpus.cuda_context_gib * GIB)
+    items = [*engine_items(engine, shape, config.gpus.max_num_batched_tokens), Item("CUDA context", context)]
+    kv_bytes = share - sum(i.num_bytes for i in items)
+    kv_tokens = max(kv_bytes, 0) // kv_bytes_per_token_per_gpu(engine, shape)
+    if kv_tokens < engine.max_model_len:
+        raise ConfigError(f"engines.{name}.gpu_memory_utilization: {share / GIB:.1f} GiB per GPU leaves room "
+                          f"for {kv_tokens} KV tokens, fewer than max_model_len {engine.max_model_len}")
+    items.append(Item(f"KV cache ({kv_tokens} tokens)", kv_bytes))
+    if engine.executor_backend == "ray":
+        _place_ray_engine(config, name, engine, items, share, kv_tokens, gpus, notes)
+        return
+    devices = list(engine.devices) or list(range(replica * engine.data_parallel_size))
+    for index, gpu in enumerate(devices):
+        r, rank = divmod(index, replica)
+        owner = f"engine {name} replica {r + 1}/{engine.data_parallel_size}"
+        owner += f" rank {rank + 1}/{replica}" if replica > 1 else ""
+        if str(gpu) not in gpus:
+            raise ConfigError(f"engines.{name}.devices: GPU {gpu} does not exist (gpus.num_gpus = {len(gpus)})")
+        gpus[str(gpu)].claims.append(Claim(owner, f"engines.{name}.gpu_memory_utilization", items, share, kv_tokens))
+
+
+def _place_host_engine(name: str, engine: EngineConfig, shape: DecoderShape, gpus: dict[str, GpuBudget]) -> None:
+    """No GPU anywhere in the config: vLLM's CPU build, KV cache of ``cpu_kv_cache_space_gib``."""
+    items = [i for i in engine_items(engine, shape, 0) if not i.what.startswith("activations")]
+    kv = int(max(1, round(engine.cpu_kv_cache_space_gib)) * GIB)
+    items.append(Item(f"KV cache ({kv // kv_bytes_per_token_per_gpu(engine, shape)} tokens)", kv))
+    host = gpus.setdefault("host", GpuBudget("host", 0, []))
+    host.claims.append(Claim(f"engine {name} (CPU)", f"engines.{name}.cpu_kv_cache_space_gib", items,
+                             sum(i.num_bytes for i in items)))
+
+
+def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items: list[Item], share: int,
+                      kv_tokens: int, gpus: dict[str, GpuBudget], notes: list[str]) -> None:
+    if engine.tensor_parallel_size > config.gpus.gpus_per_node:
+        raise ConfigError(f"engines.{name}.tensor_parallel_size: {engine.tensor_parallel_size} spans nodes "
+                          f"(gpus.gpus_per_node = {config.gpus.gpus_per_node}); split across nodes with "
+                          "pipeline_parallel_size")
+    world = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
+    nodes = math.ceil(world / config.gpus.gpus_per_node)
+    key = f"ray:{name}"
+    gpus[key] = GpuBudget(key, int(config.gpus.memory_gib * GIB),
+                          [Claim(f"engine {name} (each of {world} Ray GPUs)", f"engines.{name}.gpu_memory_utilization",
+                                 items, share, kv_tokens)])
+    notes.append(f"engine {name}: Ray executor, TP {engine.tensor_parallel_size} x PP "
+                 f"{engine.pipeline_parallel_size} x DP {engine.data_parallel_size} = {world} GPUs on >= {nodes} "
+                 f"node(s) of {config.gpus.gpus_per_node}; start the Ray cluster first (README)")
+    if importlib.util.find_spec("ray") is None:
+        notes.append(f"engine {name}: the ray package is not installed here (pip install 'ray[default]')")
+
+
+def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
+    """The learner's GPU memory (the doctor compares it with a measured step)."""
+    b = DTYPE_BYTES[learner.dtype]
+    lora = shape.lora_params_per_layer(rank) * shape.num_layers
+    seq = learner.micro_batch_size * (learner.max_seq_len or max_model_len)
+    return [
+        Item("learner weights", shape.num_text_params * b),
+        Item(f"learner LoRA r{rank} + grads + AdamW (fp32)", lora * 16),
+        Item("learner activations (checkpointed)",
+             seq * (shape.num_layers * shape.hidden_size + 8 * shape.hidden_size + 4 * shape.intermediate_size) * b
+             + seq * shape.vocab_size * (b + 8)),
+    ]
+
+
+def memory_items(config: MIAConfig, encoder: dict) -> dict[str, list[Item]]:
+    """Items of the memory components by the device field that places them."""
+    memory, dim = config.memory, int(encoder["hidden_size"])
+    encoder_bytes = 2 if memory.embedder.dtype == "bfloat16" else 4
+    activations = memory.embedder.batch_size * int(encoder["max_position_embeddings"]) \
+        * (4 * dim + int(encoder["intermediate_size"])) * encoder_bytes
+    vectors = (2 * memory.max_num_entries + 2 * memory.max_num_meta_plans) * dim * 4
+    return {
+        "memory.embedder.device": [Item("encoder weights + activations",
+                                        bert_params(encoder) * encoder_bytes + activations)],
+        "memory.index_device": [Item(f"FAISS index ({memory.max_num_entries} entries)", vectors)],
+        "memory.score_device": [Item("score key matrices", 2 * memory.max_num_entries * dim * 4)],
+    }
+
+
+def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], model_dir: Callable[[str], Path],
+                           gpus: dict[str, GpuBudget]) -> None:
+    by_field: dict[str, list[Item]] = {}
+    if _gpu_index(config.learner.device) is not None:
+        planner = config.agent.roles.planner
+        engine_name = resolve_role(config, planner)[1].engine
+        engine = config.engines[engine_name]
+        by_field["learner.device"] = learner_items(config.learner, shapes[engine_name], engine.max_lora_rank,
+                                                   engine.max_model_len)
+    devices = _serving_devices(config)
+    if any(_gpu_index(devices[f]) is not None for f in devices if f.startswith("memory.")):
+        encoder = read_config(_encoder_dir(config))
+        by_field.update({f: items for f, items in memory_items(config, encoder).items()
+                         if _gpu_index(devices[f]) is not None})
+    per_gpu: dict[int, list[tuple[str, Item]]] = {}
+    for field, items in by_field.items():
+        per_gpu.setdefault(_gpu_index(devices[field]), []).extend((field, i) for i in items)  # type: ignore[arg-type]
+    for gpu, entries in sorted(per_gpu.items()):
+        if str(gpu) not in gpus:
+            raise ConfigError(f"{entries[0][0]}: GPU {gpu} does not exist (gpus.num_gpus = {len(gpus)})")
+        items = [i for _, i in entries] + [Item("CUDA context", int(config.gpus.cuda_context_gib * GIB))]
+        field = max(entries, key=lambda e: e[1].num_bytes)[0]  # the biggest user is the one to move
+        parts = sorted({f.split(".")[-1].replace("_device", "").replace("device", f.split(".")[-2])
+                        for f, _ in entries})
+        gpus[str(gpu)].claims.append(Claim(f"serving process ({', '.join(parts)})", field, items,
+                                           sum(i.num_bytes for i in items)))
+
+
+def _encoder_dir(config: MIAConfig) -> Path:
+    if config.memory.embedder.model_dir:
+        return Path(config.memory.embedder.model_dir).expanduser()
+    from ..memory.embedder import default_model_dir
+
+    return default_model_dir()
+
+
+def _check_fits(budget: GpuBudget) -> None:
+    if budget.gpu == "host" or budget.used_bytes <= budget.capacity_bytes:  # host memory is not planned
+        return
+    last = budget.claims[-1]
+    raise ConfigError(f"{last.field}: GPU {budget.gpu} is over-committed: {budget.used_bytes / GIB:.1f} GiB "
+                      f"claimed of {budget.capacity_bytes / GIB:.1f} GiB ({', '.join(c.owner for c in budget.claims)})")

@@ -1,0 +1,115 @@
+"""How the engines come up in the serving process, correct by construction on a GPU box.
+
+Three rules, each owned here:
+
+1. **Workers spawn.** vLLM starts its engine-core and worker processes with
+   ``multiprocessing.get_context(VLLM_WORKER_MULTIPROC_METHOD)`` and defaults to ``fork``; it switches to
+   ``spawn`` by itself only when ``torch.cuda.is_initialized()`` is already true
+   (``vllm.utils.system_utils._maybe_force_spawn``). FAISS-GPU or a CUDA driver call outside torch
+   initialises CUDA without torch knowing, and a process forked after that cannot use CUDA.
+   ``use_spawn`` sets the documented variable to ``spawn``; ``RoleServer`` calls it when it is built (in
+   the main thread, before any engine starts), so every entry point that serves engines gets it.
+2. **Nothing touches CUDA in this process before the engines are up.** ``cuda_components`` names the
+   non-engine parts configured on a GPU (encoder, memory index, score kernel, learner); the service
+   start-up runs the engines first whenever it is not empty (vLLM profiles free GPU memory at start).
+3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
+   ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
+   never a process-wide ``CUDA_VISIBLE_DEVICES``. The few variables vLLM still only reads from the
+   environment of the spawned child (CPU KV-cache size, our CPU LoRA plugin, in-process ``uni``) are set
+   by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
+   when they need the same environment and disjoint GPUs (``start_groups``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from .cpu_lora import ENV as CPU_LORA_ENV
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig, MIAConfig
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
+def use_spawn(environ: dict[str, str] | None = None) -> None:
+    """Make vLLM spawn (never fork) its processes; call once in the main thread before any engine starts."""
+    environ = os.environ if environ is None else environ
+    if environ.get(MULTIPROC_METHOD_ENV, "spawn") != "spawn":
+        log.warning("%s=%s overridden to spawn: a forked worker cannot use CUDA once the parent touched it",
+                    MULTIPROC_METHOD_ENV, environ[MULTIPROC_METHOD_ENV])
+    environ[MULTIPROC_METHOD_ENV] = "spawn"
+
+
+def cuda_components(config: MIAConfig) -> list[str]:
+    """Config fields that put a non-engine component on a GPU of this process (empty: none does)."""
+    fields = {
+        "memory.embedder.device": config.memory.embedder.device,
+        "memory.score_device": config.memory.score_device,
+        "memory.index_device": config.memory.index_device,
+        "learner.device": config.learner.device,
+    }
+    return [name for name, device in fields.items() if device == "auto" or device.startswith("cuda")]
+
+
+def spawn_env(config: EngineConfig) -> dict[str, str]:
+    """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
+    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
+    if config.cpu_lora_ops == "grouped":
+        wanted[CPU_LORA_ENV] = "grouped"
+    if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
+        wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return wanted
+
+
+@contextmanager
+def applied_env(wanted: Mapping[str, str]) -> Iterator[None]:
+    """Set ``wanted`` for the duration of a group's spawns, then restore; one group at a time."""
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_groups(engines: Mapping[str, EngineConfig]) -> list[list[str]]:
+    """Engines that may start concurrently, group by group, in config order.
+
+    Two engines share a group only when they need the same spawn environment and both name their GPUs
+    and the sets are disjoint: vLLM sizes its KV cache from the free memory it measures at start, so an
+    engine starting on a GPU another one is filling would size it wrong. No ``devices`` means the
+    default device set (or the CPU): such an engine starts on its own.
+    """
+    groups: list[list[str]] = []
+    for name, engine in engines.items():
+        for group in groups:
+            if all(_can_start_together(engine, engines[other]) for other in group):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return groups
+
+
+def _can_start_together(a: EngineConfig, b: EngineConfig) -> bool:
+    if not a.devices or not b.devices or a.executor_backend == "ray" or b.executor_backend == "ray":
+        return False
+    return spawn_env(a) == spawn_env(b) and not set(a.devices) & set(b.devices)
+
+
+def replica_for(key: str, num_replicas: int) -> int:
+    """The data-parallel replica of an affinity key: stable across processes and restarts (CRC-32, not
+    Python's salted ``hash``), so every turn of one rollout reaches the replica holding its prefix."""
+    return zlib.crc32(key.encode()) % num_replicas

@@ -1,0 +1,112 @@
+"""Start-up on a GPU box, checked on the CPU: spawn, placement through vLLM's ``device_ids``, which
+engines may start together, and that nothing reaches CUDA in this process before the engines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mia_engine.config import EngineConfig, load_config
+from mia_engine.engines.roles import RoleServer
+from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env,
+                                        start_groups, use_spawn)
+from mia_engine.engines.vllm_engine import VLLMEngine
+from mia_engine.serve import Services
+
+
+def test_use_spawn_sets_and_overrides_fork() -> None:
+    env: dict[str, str] = {}
+    use_spawn(env)
+    assert env[MULTIPROC_METHOD_ENV] == "spawn"
+    env[MULTIPROC_METHOD_ENV] = "fork"
+    use_spawn(env)
+    assert env[MULTIPROC_METHOD_ENV] == "spawn"
+
+
+def test_the_role_server_makes_vllm_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MULTIPROC_METHOD_ENV, "fork")
+    RoleServer(load_config("tiny"))
+    assert os.environ[MULTIPROC_METHOD_ENV] == "spawn"
+
+
+def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    config = EngineConfig(model="m", tensor_parallel_size=2, data_parallel_size=1, devices=[4, 5])
+    args = VLLMEngine("e", config, tmp_path)._engine_args()  # a local folder, also under HF_HUB_OFFLINE
+    assert args.device_ids == [4, 5] and args.tensor_parallel_size == 2
+    assert args._resolve_device_ids() == [4, 5]  # vLLM's own resolution: physical ids
+    assert "CUDA_VISIBLE_DEVICES" not in spawn_env(config)
+    assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().device_ids is None
+
+
+def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
+    gpu = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml")).engines
+    assert start_groups(gpu) == [list(gpu)]  # distinct GPUs, same environment
+    cpu = {"a": EngineConfig(model="x"), "b": EngineConfig(model="y")}
+    assert start_groups(cpu) == [["a"], ["b"]]  # no devices: the default set, one at a time
+
+
+def test_shared_gpu_or_different_spawn_env_start_apart() -> None:
+    engines = {"a": EngineConfig(model="x", devices=[0]), "b": EngineConfig(model="y", devices=[0]),
+               "c": EngineConfig(model="z", devices=[1]),
+               "d": EngineConfig(model="w", devices=[2], cpu_kv_cache_space_gib=4.0)}
+    assert start_groups(engines) == [["a", "c"], ["b"], ["d"]]
+
+
+def test_rollout_affinity_is_stable_and_spreads() -> None:
+    assert replica_for("rollout-1", 2) == replica_for("rollout-1", 2)
+    assert replica_for("abc", 4) == 891568578 % 4  # zlib.crc32(b"abc"): not Python's salted hash
+    assert {replica_for(f"r{i}", 2) for i in range(16)} == {0, 1}
+    engine = VLLMEngine("e", EngineConfig(model="m", data_parallel_size=2), Path("/m"))
+    assert engine.replica("r7") == replica_for("r7", 2) and engine.replica(None) is None
+    load = VLLMEngine("e", EngineConfig(model="m", data_parallel_size=2, routing="load"), Path("/m"))
+    assert load.replica("r7") is None
+
+
+def test_cuda_components_named_by_field() -> None:
+    assert cuda_components(load_config("tiny")) == []
+    config = load_config("tiny", {"memory.embedder.device": "cuda:7", "learner.device": "cuda:7"})
+    assert cuda_components(config) == ["memory.embedder.device", "learner.device"]
+
+
+async def _start_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict) -> list[str]:
+    """Real Services wiring; spies on the engine start and on torch's lazy CUDA initialisation."""
+    calls: list[str] = []
+    real_lazy_init = torch.cuda._lazy_init
+
+    def spy_lazy_init() -> None:
+        calls.append("cuda-init")
+        real_lazy_init()  # raises on this CPU machine, as a GPU-less torch does
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", spy_lazy_init)
+    services = Services(load_config("tiny", {"data_dir": str(tmp_path), **overrides}))
+
+    async def engines_start() -> None:
+        calls.append("engines")
+
+    async def memory_open(encoder: object) -> None:
+        calls.append("memory")
+
+    monkeypatch.setattr(services.roles, "start", engines_start)
+    monkeypatch.setattr(services.memory, "open", memory_open)
+    try:
+        await services.start()
+    finally:
+        await services.stop()
+    return calls
+
+
+async def test_engines_start_before_a_cuda_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = await _start_order(tmp_path, monkeypatch, {"memory.embedder.device": "cuda"})
+    assert "cuda-init" in calls, calls  # the encoder did try to reach the GPU ...
+    assert calls[0] == "engines", calls  # ... only after the engines were up
+
+
+async def test_cpu_only_config_keeps_memory_before_engines(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = await _start_order(tmp_path, monkeypatch, {})
+    assert calls == ["memory", "engines"]
