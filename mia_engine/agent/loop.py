@@ -43,6 +43,10 @@ class ResearchRequest(msgspec.Struct, frozen=True):
     """Judge (unsupervised without ground truth), reward and consolidate memory."""
     data_id: str = ""
     """Key of the question in the image-search cache."""
+    use_memory: bool = True
+    """Retrieve memories for the plan and (when learning) store workflows; False = no memory at all."""
+    use_planner: bool = True
+    """False: the Executor alone runs plain ReAct (no plan, no reflection, no Router): a baseline."""
 
 
 class ResearchResult(msgspec.Struct):
