@@ -35,11 +35,18 @@ def done_ids(out: Path) -> set[str]:
     return ids
 
 
+def research_request(question: Question, rollouts: int, learn: bool) -> ResearchRequest:
+    """A question's request: its answers are the ground truth (supervised judge); a question without
+    answers has none, so a learning pass judges it unsupervised (three reviewers and the Area Chair)."""
+    return ResearchRequest(question.question, question.answers or None, rollouts, learn, question.id)
+
+
 def result_row(question: Question, result: ResearchResult, epoch: int) -> dict[str, Any]:
     chosen = result.rollouts[result.chosen]
     return {
         "id": question.id, "epoch": epoch, "question": question.question, "answers": question.answers,
         "prediction": result.answer, "judge_correct": chosen.verdict.is_correct if chosen.verdict else None,
+        "judge": chosen.verdict.source if chosen.verdict else None,
         "match": is_match(result.answer, question.answers), "rewards": [r.reward for r in result.rollouts],
         "num_tool_calls": sum(r.trajectory.num_tool_calls for r in result.rollouts), "timings": result.timings,
     }
@@ -53,7 +60,7 @@ async def _answer_all(services: Services, questions: list[Question], out: Path, 
 
     async def one(question: Question) -> None:
         async with gate:
-            request = ResearchRequest(question.question, question.answers, rollouts, learn, question.id)
+            request = research_request(question, rollouts, learn)
             result = await services.agent.agent.research(request)
         row = result_row(question, result, epoch)
         rows.append(row)

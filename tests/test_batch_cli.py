@@ -53,3 +53,15 @@ def test_bad_dataset_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"python -m mia_engine: error: --dataset: no such file: "
                                                   f"{tmp_path / 'missing.jsonl'}"]
+
+
+def test_a_question_without_answers_is_judged_unsupervised() -> None:
+    from mia_engine.batch import research_request
+    from mia_engine.data import Question, row_question
+
+    unanswered = row_question({"id": "q", "question": "Who?"}, 0)
+    assert unanswered is not None and unanswered.answers == []
+    request = research_request(unanswered, 4, True)
+    assert request.ground_truth is None and request.learn and request.num_rollouts == 4  # the reviewers + Area Chair
+    answered = research_request(Question("a", "Who?", ["Ann"]), 1, False)
+    assert answered.ground_truth == ["Ann"] and not answered.learn  # supervised against the answers
