@@ -83,7 +83,8 @@ RECIPES = {"work": work_question, "founded": founded_question, "capital": capita
 
 _ROLE_NOUNS = {"film": "director", "painting": "painter", "opera": "composer", "symphony": "composer",
                "album": "artist who recorded", "sculpture": "sculptor"}
-_NATIONALITY = re.compile(r"^(?:(?! was | is )[^.])*? (?:was|is) (?:an?|the) ([A-Z][a-z]+(?:an|ish|ese|ch|ss|ic|i|ek)) [a-z]")
+_NATIONALITY = re.compile(r"^(?:(?! was | is )[^.])*? (?:was|is) (?:an?|the) "
+                          r"([A-Z][a-z]+(?:an|ish|ese|ch|ss|ic|i|ek)) [a-z]")
 """The first "was/is a(n)" of the first sentence, then an adjective shaped like a nationality."""
 _COUNTRY = re.compile(r"^(?:Country|Island country|Sovereign state|Landlocked country|Transcontinental country)\b")
 _COUNTRY_CAPITAL = (

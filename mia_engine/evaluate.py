@@ -102,7 +102,8 @@ def summarise(mode: str, epoch: int | None, predictions: list[Prediction], wall_
                       num_updates)
 
 
-async def run_pass(questions: list[Question], answer: Answer, *, concurrency: int, desc: str) -> tuple[list[Prediction], float]:
+async def run_pass(questions: list[Question], answer: Answer, *, concurrency: int,
+                   desc: str) -> tuple[list[Prediction], float]:
     """Every question through ``answer``, ``concurrency`` at a time; (predictions in question order, wall s)."""
     gate = asyncio.Semaphore(concurrency)
     progress = tqdm(total=len(questions), desc=desc, unit="q")

@@ -53,9 +53,11 @@ def test_two_hop_rows_need_both_passages(rows: list[dict], passages: dict[str, s
 
 def test_two_hop_recipes_on_made_up_entries() -> None:
     entries = {
-        "Novel X": {"title": "Novel X", "description": "1900 novel by Ann Writer", "extract": "Novel X is a book by Ann Writer."},
+        "Novel X": {"title": "Novel X", "description": "1900 novel by Ann Writer",
+                    "extract": "Novel X is a book by Ann Writer."},
         "Ann Writer": {"title": "Ann Writer", "description": "", "extract": "Ann Writer was a Danish novelist."},
-        "Townville": {"title": "Townville", "description": "City in Ruritania", "extract": "Townville is a city in Ruritania."},
+        "Townville": {"title": "Townville", "description": "City in Ruritania",
+                      "extract": "Townville is a city in Ruritania."},
         "Ruritania": {"title": "Ruritania", "description": "Country in Europe", "extract": "Its capital is Strelsau."},
     }
     assert make_devset.nationality_question(entries["Novel X"], entries) == (

@@ -58,4 +58,5 @@ def test_a_split_the_dataset_lacks_is_a_one_line_error(tmp_path: Path) -> None:
                              "--split", "dev", "--data-dir", str(tmp_path / "data")],
                             capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1] == f"python -m mia_engine: error: --split dev: {data} has no 'split' field"
+    message = f"python -m mia_engine: error: --split dev: {data} has no 'split' field"
+    assert result.stderr.strip().splitlines()[-1] == message
