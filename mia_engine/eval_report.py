@@ -53,6 +53,7 @@ def plot(results: dict[str, Any], out: Path, *, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
     start = results.get("mia_g1")
@@ -65,6 +66,7 @@ def plot(results: dict[str, Any], out: Path, *, title: str) -> None:
         if mode in results:
             ax.axhline(results[mode].accuracy, linestyle=style, color="grey", label=f"{mode} (reference)")
     ax.set(title=title, xlabel="test-time-learning epoch", ylabel="accuracy (answer match)", ylim=(-0.02, 1.02))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize="small")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
