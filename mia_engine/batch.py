@@ -81,7 +81,8 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-async def _with_services(config: MIAConfig, work: Any) -> Any:
+async def with_services(config: MIAConfig, work: Any) -> Any:
+    """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
     services = Services(config)
     await services.start()
     try:
@@ -104,7 +105,7 @@ def run(config: MIAConfig, dataset: str, out: Path, *, concurrency: int, rollout
     async def work(services: Services) -> None:
         await _answer_all(services, todo, out, concurrency=concurrency, rollouts=rollouts, learn=False, epoch=0)
 
-    asyncio.run(_with_services(config, work))
+    asyncio.run(with_services(config, work))
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     print(f"{len(rows)} questions: judge accuracy {_mean(r['judge_correct'] for r in rows):.3f}, "
           f"answer match {_mean(r['match'] for r in rows):.3f} ({out})")
@@ -131,7 +132,7 @@ def ttl(config: MIAConfig, dataset: str, out: Path, *, epochs: int, concurrency:
                                        "match_accuracy": _mean(r["match"] for r in rows), "time": time.time()}) + "\n")
                 sink.flush()
 
-    asyncio.run(_with_services(config, work))
+    asyncio.run(with_services(config, work))
     if plot is not None:
         plot_metrics(metrics_out, plot)
         print(f"plot: {plot}")

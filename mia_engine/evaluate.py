@@ -198,22 +198,6 @@ async def _generated_tokens(services: Services, executor: str, result: ResearchR
 # ---- the passes, each on its own services --------------------------------------------------------
 
 
-async def with_services(config: MIAConfig, work: Callable[[Services], Awaitable[Any]]) -> Any:
-    """Start the services, check each component, run ``work``, stop (a failure is one line)."""
-    from .serve import Services
-
-    services = Services(config)
-    await services.start()
-    try:
-        for name, component in (("engines", services.roles), ("memory", services.memory),
-                                ("agent", services.agent)):
-            if not component.is_ready():
-                raise SystemExit(f"python -m mia_engine: error: {name} did not start: {component.not_ready_reason()}")
-        return await work(services)
-    finally:
-        await services.stop()
-
-
 async def baselines(services: Services, questions: list[Question], modes: list[str],
                     concurrency: int) -> dict[str, PassResult]:
     results = {}
@@ -262,6 +246,8 @@ def fresh_config(config: MIAConfig, root: Path, name: str) -> MIAConfig:
 async def evaluate(config: MIAConfig, questions: list[Question], modes: list[str], *, epochs: int,
                    concurrency: int) -> dict[str, Any]:
     """Every mode's passes, as {mode: PassResult} for baselines and {mode: [PassResult, ...]} for TTL."""
+    from .batch import with_services  # loads the services (vLLM): only when a pass runs
+
     root = Path(tempfile.mkdtemp(prefix="mia-eval-"))
     results: dict[str, Any] = {}
     rollouts = config.agent.num_rollouts
