@@ -221,8 +221,8 @@ async def ttl_epochs(services: Services, questions: list[Question], mode: str, *
             record(report)
 
     services.learner.on_update = on_update
-    learn, measure = research_answer(services, learning_request(mode, rollouts)), \
-        research_answer(services, baseline_request("mia_g1"))
+    learn = research_answer(services, learning_request(mode, rollouts))
+    measure = research_answer(services, baseline_request("mia_g1"))
     passes = []
     for epoch in range(1, epochs + 1):
         before = len(published)
