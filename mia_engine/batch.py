@@ -35,11 +35,18 @@ def done_ids(out: Path) -> set[str]:
     return ids
 
 
+def research_request(question: Question, rollouts: int, learn: bool) -> ResearchRequest:
+    """A question's request: its answers are the ground truth (supervised judge); a question without
+    answers has none, so a learning pass judges it unsupervised (three reviewers and the Area Chair)."""
+    return ResearchRequest(question.question, question.answers or None, rollouts, learn, question.id)
+
+
 def result_row(question: Question, result: ResearchResult, epoch: int) -> dict[str, Any]:
     chosen = result.rollouts[result.chosen]
     return {
         "id": question.id, "epoch": epoch, "question": question.question, "answers": question.answers,
         "prediction": result.answer, "judge_correct": chosen.verdict.is_correct if chosen.verdict else None,
+        "judge": chosen.verdict.source if chosen.verdict else None,
         "match": is_match(result.answer, question.answers), "rewards": [r.reward for r in result.rollouts],
         "num_tool_calls": sum(r.trajectory.num_tool_calls for r in result.rollouts), "timings": result.timings,
     }
@@ -53,7 +60,7 @@ async def _answer_all(services: Services, questions: list[Question], out: Path, 
 
     async def one(question: Question) -> None:
         async with gate:
-            request = ResearchRequest(question.question, question.answers, rollouts, learn, question.id)
+            request = research_request(question, rollouts, learn)
             result = await services.agent.agent.research(request)
         row = result_row(question, result, epoch)
         rows.append(row)
@@ -74,7 +81,8 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-async def _with_services(config: MIAConfig, work: Any) -> Any:
+async def with_services(config: MIAConfig, work: Any) -> Any:
+    """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
     services = Services(config)
     await services.start()
     try:
@@ -97,7 +105,7 @@ def run(config: MIAConfig, dataset: str, out: Path, *, concurrency: int, rollout
     async def work(services: Services) -> None:
         await _answer_all(services, todo, out, concurrency=concurrency, rollouts=rollouts, learn=False, epoch=0)
 
-    asyncio.run(_with_services(config, work))
+    asyncio.run(with_services(config, work))
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     print(f"{len(rows)} questions: judge accuracy {_mean(r['judge_correct'] for r in rows):.3f}, "
           f"answer match {_mean(r['match'] for r in rows):.3f} ({out})")
@@ -124,7 +132,7 @@ def ttl(config: MIAConfig, dataset: str, out: Path, *, epochs: int, concurrency:
                                        "match_accuracy": _mean(r["match"] for r in rows), "time": time.time()}) + "\n")
                 sink.flush()
 
-    asyncio.run(_with_services(config, work))
+    asyncio.run(with_services(config, work))
     if plot is not None:
         plot_metrics(metrics_out, plot)
         print(f"plot: {plot}")

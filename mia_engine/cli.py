@@ -50,10 +50,30 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--small", action="store_true", help="CPU sizes (automatic without a GPU)")
     doctor.add_argument("--layers", type=int, default=4, help="depth of the Qwen3-8B-shaped stack (default %(default)s)")
     doctor.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default %(default)s)")
+    _eval_parser(sub)
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
     index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
     return parser
+
+
+def _eval_parser(sub: Any) -> None:
+    from .evaluate import MODES
+
+    cmd = sub.add_parser("eval", help="answer quality: bare model, ReAct, MIA G=1/G=4, and test-time learning "
+                         "(supervised, unsupervised) on the same questions; a table, JSON and a PNG")
+    _common(cmd)
+    cmd.add_argument("--dataset", required=True, help="a .jsonl/.parquet file with answers, or fanoutqa-dev")
+    cmd.add_argument("--split", choices=("dev", "heldout", "all"), default="all",
+                     help="only the rows whose 'split' field says so (default: %(default)s)")
+    cmd.add_argument("--limit", type=int, default=None, help="only the first N questions (of the split)")
+    cmd.add_argument("--epochs", type=int, default=3, help="test-time-learning epochs (default %(default)s)")
+    cmd.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
+                     help=f"any of {', '.join(MODES)} (default: all)")
+    cmd.add_argument("--concurrency", type=int, default=8, help="questions in flight (default %(default)s)")
+    cmd.add_argument("--out", type=Path, default=Path("eval_results.json"), help="results JSON (default %(default)s)")
+    cmd.add_argument("--plot", type=Path, default=Path("eval_accuracy.png"),
+                     help="accuracy-by-epoch PNG (default %(default)s)")
 
 
 def _common(cmd: argparse.ArgumentParser) -> None:
@@ -81,14 +101,15 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def parse_config(argv: list[str]) -> tuple[argparse.Namespace, MIAConfig]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The command's arguments and the config overrides the user gave (dotted flags and their shortcuts)."""
     args, rest = _parser().parse_known_args(argv)
     overrides = dotted_overrides(rest)
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
                       ("data_dir", "data_dir"), ("corpus", "tools.corpus")):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
-    return args, load_config(args.config, overrides)
+    return args, overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         return doctor.main(args.small, args.layers, args.seq_len)
     try:
-        args, config = parse_config(argv)
+        args, overrides = parse_args(argv)
+        config = load_config(args.config, overrides)
         _check_args(args)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
@@ -112,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         from .serve import serve
 
         serve(config)
+    elif args.command == "eval":
+        from .evaluate import EvalOptions, main as evaluate
+
+        evaluate(config, args.config, overrides, EvalOptions(args.dataset, args.out, args.plot, args.split, args.limit,
+                                                             args.epochs, tuple(args.modes), args.concurrency))
     elif args.command == "index":
         from .index import build
 

@@ -48,8 +48,32 @@ def test_ttl_writes_metrics_and_a_plot(tmp_path: Path) -> None:
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_ttl_without_answers_uses_the_reviewers_and_the_area_chair(tmp_path: Path) -> None:
+    dataset, out = tmp_path / "no_answers.jsonl", tmp_path / "r.jsonl"
+    dataset.write_text("".join(json.dumps({"id": row["id"], "question": row["question"]}) + "\n"
+                               for row in map(json.loads, DEVSET.read_text().splitlines()[:2])))
+    result = _cli(tmp_path, "ttl", "--dataset", str(dataset), "--out", str(out), "--limit", "2",
+                  "--metrics-out", str(tmp_path / "m.jsonl"), "--plot", str(tmp_path / "p.png"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["answers"] == [] and r["judge"] == "unsupervised" for r in rows)
+
+
 def test_bad_dataset_is_a_one_line_error(tmp_path: Path) -> None:
     result = _cli(tmp_path, "run", "--dataset", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o.jsonl"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"python -m mia_engine: error: --dataset: no such file: "
                                                   f"{tmp_path / 'missing.jsonl'}"]
+
+
+def test_a_question_without_answers_is_judged_unsupervised() -> None:
+    from mia_engine.batch import research_request
+    from mia_engine.data import Question, row_question
+
+    unanswered = row_question({"id": "q", "question": "Who?"}, 0)
+    assert unanswered is not None and unanswered.answers == []
+    request = research_request(unanswered, 4, True)
+    assert request.ground_truth is None and request.learn and request.num_rollouts == 4  # the reviewers + Area Chair
+    answered = research_request(Question("a", "Who?", ["Ann"]), 1, False)
+    assert answered.ground_truth == ["Ann"] and not answered.learn  # supervised against the answers
