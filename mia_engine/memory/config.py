@@ -119,6 +119,12 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``max_num_entries`` best by Val = s / (u + 1), newer first among equals."""
     max_num_entries: int = 10_000
     """Capacity kept by the "cap" clearing policy."""
+    max_num_stored: int = 100_000
+    """Hard capacity of the workflow memory, whatever ``clear_policy`` says: a write that would pass it
+    first clears the lowest-value memories (the "cap" rule: Val = s / (u + 1), older first among
+    equals) down to ``clear_to_fraction`` of it, in the same journaled change."""
+    clear_to_fraction: float = 0.9
+    """Where a forced clearing stops, as a fraction of ``max_num_stored`` (so it does not run on every write)."""
     num_meta_plans: int = 3
     """Contrastive (successful plan, failed plan) pairs of the most similar past questions returned
     to the Router."""
@@ -143,4 +149,6 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
         _require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
         _require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
+        _require(self.max_num_stored >= 1, "max_num_stored must be >= 1")
+        _require(0.0 < self.clear_to_fraction <= 1.0, "clear_to_fraction must be in (0, 1]")
         _require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")
