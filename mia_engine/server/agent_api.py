@@ -10,6 +10,7 @@ answer as content.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,9 +22,12 @@ from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import ServerConfig
 from .chat import AGENT_MODEL, flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
+from .limits import check_question
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Delta, ImagePart)
+
+log = logging.getLogger(__name__)
 
 
 class AgentSource(Protocol):
@@ -59,10 +63,11 @@ class AgentChat:
         question = flatten_message(index, message)["content"].strip()
         if not question:
             raise BadRequest("The question is empty.", param=f"messages[{index}].content")
+        check_question(question, f"messages[{index}].content", self.config.limits)
         rollouts = request.rollouts or self.source.default_rollouts()
-        if rollouts > self.config.max_n:
-            raise BadRequest(f"rollouts = {rollouts} is more than this server allows ({self.config.max_n}).",
-                             param="rollouts")
+        if rollouts > self.config.limits.max_rollouts:
+            raise BadRequest(f"rollouts = {rollouts} is more than this server allows "
+                             f"({self.config.limits.max_rollouts}).", param="rollouts")
         truth = [request.ground_truth] if isinstance(request.ground_truth, str) else request.ground_truth
         return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "")
 
@@ -103,9 +108,11 @@ class AgentChat:
             final = ChunkChoice(0, Delta(content=result.answer), "stop")
             yield sse(encode(ChatCompletionChunk(chunk_id, created, AGENT_MODEL, [final],
                                                  mia=trace(result, full=request.return_trace))))
-        except Exception as err:  # the research failed after the stream started: report it in-band
+        except Exception:  # the research failed after the stream started: report it in-band (details: the log)
             status = "error"
-            yield sse(encode(ErrorBody(ErrorDetail(f"research failed: {type(err).__name__}: {err}", "server_error"))))
+            log.exception("research failed after its stream started")
+            yield sse(encode(ErrorBody(ErrorDetail("research failed (details are in the server log)",
+                                                   "server_error"))))
         finally:
             if not task.done():
                 task.cancel()

@@ -17,8 +17,8 @@ def _metric(server, line_prefix: str) -> float:
     return 0.0
 
 
-def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_client: OpenAI) -> None:
-    out = openai_client.chat.completions.create(
+def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, admin_openai_client: OpenAI) -> None:
+    out = admin_openai_client.chat.completions.create(
         model="mia", messages=QUESTION, extra_body={"rollouts": 4, "ground_truth": ["Seine"], "learn": True,
                                                     "return_trace": True})
     answer = out.choices[0].message.content
