@@ -67,6 +67,7 @@ class ChatService:
                 request.model, len(prompt_ids), request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
+        max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
         return PreparedChat(request, prompt_ids, _options(request, max_tokens),
                             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
