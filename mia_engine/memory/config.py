@@ -72,8 +72,12 @@ class EmbedderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How long the encoder thread waits for more concurrent requests before a forward pass; 0 only
     merges what is already queued."""
 
+    max_queued_requests: int = 1024
+    """Encode requests waiting for the encoder thread at most; one more is refused (``EncoderBusy``)."""
+
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
+        _require(self.max_queued_requests >= 1, "embedder.max_queued_requests must be >= 1")
         _require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
 
 

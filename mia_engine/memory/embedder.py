@@ -59,6 +59,10 @@ def encoder_dtype(config: EmbedderConfig) -> torch.dtype:
     return torch.float32
 
 
+class EncoderBusy(RuntimeError):
+    """The encoder's queue is full (``EmbedderConfig.max_queued_requests``); the HTTP layer answers 429."""
+
+
 class _Request:
     __slots__ = ("texts", "future")
 
@@ -82,7 +86,7 @@ class Embedder:
                                           model_kwargs={"torch_dtype": self.dtype})
         get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self._dim = int(get_dim())
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=config.max_queued_requests)
         self._worker = threading.Thread(target=self._serve, name="memory-embedder", daemon=True)
         self._worker.start()
 
@@ -111,7 +115,11 @@ class Embedder:
         elif not self._worker.is_alive():
             request.future.set_exception(RuntimeError("the embedder is closed"))
         else:
-            self._queue.put(request)
+            try:
+                self._queue.put_nowait(request)
+            except queue.Full:  # a bounded queue: an overload is refused at once, never buffered
+                request.future.set_exception(EncoderBusy(
+                    f"the sentence encoder has {self._config.max_queued_requests} requests queued; retry shortly"))
         return request.future
 
     def _serve(self) -> None:

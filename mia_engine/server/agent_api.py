@@ -20,6 +20,7 @@ import msgspec
 
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import ServerConfig
+from ..engines.roles import ContextLengthError
 from .chat import AGENT_MODEL, flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
 from .limits import check_question
@@ -71,12 +72,29 @@ class AgentChat:
         truth = [request.ground_truth] if isinstance(request.ground_truth, str) else request.ground_truth
         return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "")
 
+    async def check_fits(self, research: ResearchRequest) -> None:
+        """Question and ground truth must leave room in every role's context (they are quoted in its prompts,
+        beside memories and observations): at most a quarter of the smallest one, checked before any work
+        so an over-long question is a 400 up front, not a failure after the research ran."""
+        agent = self.source.agent
+        roles = agent.config.roles
+        models = {roles.planner, roles.executor, roles.manager, roles.judge, roles.router}
+        budget = min(agent.client.max_model_len(m) for m in models) // 4
+        for param, text in (("messages", research.question), ("ground_truth", " ".join(research.ground_truth or []))):
+            num_tokens = len(await agent.client.render_chat(roles.planner, [{"role": "user", "content": text}]))
+            if num_tokens > budget:
+                raise BadRequest(f"The {param.replace('messages', 'question')} takes {num_tokens} tokens; this "
+                                 f"server's models allow {budget}.", param=param, code="context_length_exceeded")
+
     async def complete(self, request: ChatCompletionRequest, research: ResearchRequest) -> bytes:
         start = time.perf_counter()
         status = "cancelled"
         try:
             result = await self.source.agent.research(research)
             status = "ok"
+        except ContextLengthError as err:  # the research grew past a context after all: the client's input
+            status = "error"
+            raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         finally:
             self._record(status, start)
         body = ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), AGENT_MODEL,

@@ -127,6 +127,7 @@ def build_app(
     async def research(request: Request, body: ChatCompletionRequest) -> Response:
         assert agent_chat is not None
         research_request = agent_chat.research_request(body)
+        await agent_chat.check_fits(research_request)
         if body.stream:
             return StreamingResponse(agent_chat.stream(body, research_request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

@@ -16,6 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute
 
 from ..config import AdmissionConfig, ServerConfig
+from ..memory.embedder import EncoderBusy
 from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemoryStats, MemoryStoreError,
                               MemoryUnavailable, RecordTooLarge)
 from ..memory.jsonl import encode_jsonl
@@ -24,7 +25,7 @@ from ..memory.protocol import (AddRequest, DeleteResponse, ImportResponse, Memor
 from ..memory.service import MemoryService
 from .admission import Admission
 from .body import read_body, read_json
-from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, Unavailable
+from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests, Unavailable
 from .openapi import ApiRoute
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -103,6 +104,7 @@ class _Guard:
     def __init__(self, admission: Admission, config: AdmissionConfig) -> None:
         self._admission = admission
         self._limit = config.max_concurrent_memory
+        self._retry_after_s = config.retry_after_s
 
     def __call__(self, handler: Handler) -> Handler:
         async def endpoint(request: Request) -> Response:
@@ -113,6 +115,8 @@ class _Guard:
                 return err.to_response()
             except MemoryStoreError as err:
                 return _store_error(err).to_response()
+            except EncoderBusy as err:
+                return TooManyRequests(str(err), retry_after_s=self._retry_after_s).to_response()
 
         return endpoint
 

@@ -52,6 +52,18 @@ def test_research_limits_answer_before_the_work(tiny_server, extra: dict, param:
     assert response.elapsed.total_seconds() < 5  # refused up front, not after a research loop
 
 
+@pytest.mark.parametrize("extra, param", [
+    ({"messages": [{"role": "user", "content": "ж" * 3000}]}, "messages"),  # byte-level BPE: 2+ tokens a char
+    ({"ground_truth": ["ж" * 1000, "ж" * 2000]}, "ground_truth"),
+])
+def test_research_input_that_cannot_fit_the_context_is_400_up_front(tiny_server, extra: dict, param: str) -> None:
+    """Under the character caps, over a quarter of the tiny model's 4096-token context."""
+    response = _post(tiny_server, "/chat/completions", {"model": "mia", "messages": PROMPT, **extra})
+    _assert_refused(response, 400, param)
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert response.elapsed.total_seconds() < 5
+
+
 def test_oversized_body_is_413(tiny_server) -> None:
     huge = {"model": "planner", "messages": [{"role": "user", "content": "x" * (9 << 20)}]}
     response = _post(tiny_server, "/chat/completions", huge)
