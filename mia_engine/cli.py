@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, MIAConfig, load_config, parse_override_value
+from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
 
 PROG = "python -m mia_engine"
 API_KEY_ENV = "MIA_API_KEY"
@@ -98,7 +98,10 @@ def parse_config(argv: list[str], environ: Mapping[str, str] | None = None) -> t
                       ("data_dir", "data_dir"), ("corpus", "tools.corpus")):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
-    return args, load_config(args.config, overrides)
+    config = load_config(args.config, overrides)
+    if args.command == "serve":
+        check_bind(config.server)
+    return args, config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +141,13 @@ def _warn_about_exposure(args: argparse.Namespace, config: MIAConfig) -> None:
     log = logging.getLogger(PROG)
     if getattr(args, "api_key", None):
         log.warning("--api-key is visible to every user of this machine (ps); use $%s or --api-key-file", API_KEY_ENV)
-    if config.server.allow_unauthenticated_bind and not config.server.api_key and not config.server.is_loopback():
+    server = config.server
+    if server.allow_unauthenticated_bind and not server.api_key and not server.is_loopback():
         log.warning("SERVING %s WITHOUT AN API KEY (server.allow_unauthenticated_bind): anyone who can reach "
-                    "port %d can use this server", config.server.host, config.server.port)
+                    "port %d can use this server", server.host, server.port)
+    if not server.is_loopback() and not server.allowed_hosts:
+        log.warning("bound to %s, but only Host headers naming localhost or %s are accepted: list the names "
+                    "clients use in server.allowed_hosts", server.host, server.host)
 
 
 def _check_args(args: argparse.Namespace) -> None:

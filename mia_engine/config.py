@@ -357,10 +357,6 @@ def _check_server(server: ServerConfig) -> None:
     for section in ("limits", "admission"):
         for field, value in msgspec.structs.asdict(getattr(server, section)).items():
             _check_positive(f"server.{section}.{field}", value)
-    if not server.is_loopback() and not server.api_key and not server.allow_unauthenticated_bind:
-        raise ConfigError(
-            f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
-            "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
 
 
 def _check_engine(name: str, engine: EngineConfig) -> None:
@@ -401,6 +397,15 @@ def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
 def _check_positive(field: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{field}: must be >= 1, got {value}")
+
+
+def check_bind(server: ServerConfig) -> None:
+    """Refuse to serve a non-loopback address without an API key (checked by ``serve`` only: a config is
+    also loaded by batch commands that bind nothing)."""
+    if not server.is_loopback() and not server.api_key and not server.allow_unauthenticated_bind:
+        raise ConfigError(
+            f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
+            "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
 
 
 def resolve_role(config: MIAConfig, name: str) -> tuple[str, RoleConfig]:

@@ -236,6 +236,10 @@ class ExperienceStore:
         Written in changes of at most one journal record each, so every one replays; a record too
         large for a change of its own is refused (``RecordTooLarge``) before anything is written."""
         validated = [validated_record(record, self._config, self._dim) for record in records]
+        num_entries = sum(isinstance(r, MemoryEntry) for r in validated)
+        if num_entries > self._config.max_num_stored:
+            raise InvalidMemory(f"the import holds {num_entries} memories; the store keeps at most "
+                                f"{self._config.max_num_stored} (memory.max_num_stored)")
         for chunk in _chunks_by_bytes(validated, self._journal.max_record_bytes - _CHANGE_OVERHEAD_BYTES):
             self._commit(
                 Change(
@@ -278,6 +282,9 @@ class ExperienceStore:
         num_after = len(self._entries) - num_deleted + len(new_ids)
         if num_after <= self._config.max_num_stored:
             return change
+        if len(new_ids) > self._config.max_num_stored:
+            raise InvalidMemory(f"this change adds {len(new_ids)} memories; the store keeps at most "
+                                f"{self._config.max_num_stored} (memory.max_num_stored)")
         protected = {e.id for e in change.put_entries} | set(change.delete_entries)
         candidates = [e for e in self._entries.values() if e.id not in protected]
         keep = max(0, int(self._config.max_num_stored * self._config.clear_to_fraction) - len(new_ids))
