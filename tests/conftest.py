@@ -40,9 +40,10 @@ class ServerHandle:
 
 
 def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, admin_key: str = ADMIN_KEY,
-                 data_dir: Path | None = None, host: str = "127.0.0.1") -> ServerHandle:
+                 data_dir: Path | None = None, host: str = "127.0.0.1", new_session: bool = False) -> ServerHandle:
     """Launch ``python -m mia_engine serve`` exactly as a user would, on a loopback address and a free port
-    (the admin key through its environment variable, as an operator would keep it out of ``ps``)."""
+    (the admin key through its environment variable, as an operator would keep it out of ``ps``).
+    ``new_session``: its own process group (engine processes included), for tests that kill the group."""
     port = free_port()
     home, data = tmp / "home", data_dir or tmp / "data"
     log_path = tmp / "server.log"
@@ -55,7 +56,7 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
     if api_key:
         cmd += ["--api-key", api_key]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
     return ServerHandle(f"http://{host}:{port}", api_key, proc, log_path, home, data, admin_key)
 
 
