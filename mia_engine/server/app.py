@@ -20,7 +20,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import ServerConfig
 from ..engines.protocol import EngineClient, ModelCard
