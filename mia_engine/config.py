@@ -66,6 +66,9 @@ class LimitsConfig(_Frozen):
 class AdmissionConfig(_Frozen):
     """Bounded concurrency: a request over a bound is answered 429 with ``Retry-After`` at once, never queued."""
 
+    max_concurrent_bodies: int = 512
+    """Requests with a body (POST) in flight at once, all routes together: bounds the memory bodies take
+    (times ``max_body_bytes``) before any route's own bound applies."""
     max_concurrent_per_model: int = 128
     """Chat requests running at once per model id (role)."""
     max_concurrent_research: int = 16

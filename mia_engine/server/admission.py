@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import AdmissionConfig
 from .errors import TooManyRequests
@@ -65,3 +65,27 @@ class _Held:
             await self._response(scope, receive, send)
         finally:
             self._admission.release(self._key)
+
+
+class AdmissionMiddleware:
+    """One bound over every request with a body in flight (uploads included, before any route's own bound),
+    so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory."""
+
+    def __init__(self, app: ASGIApp, admission: Admission, limit: int) -> None:
+        self.app = app
+        self.admission = admission
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.admission.acquire("server:bodies", self.limit)
+        except TooManyRequests as err:
+            await err.to_response()(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.release("server:bodies")

@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 
 from ..config import ServerConfig
 from ..engines.protocol import EngineClient, ModelCard
-from .admission import Admission
+from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentChat, AgentSource
 from .body import read_body
 from .chat import AGENT_MODEL, ChatService
@@ -197,7 +197,8 @@ def build_app(
     document = msgspec.json.encode(openapi_document(routes))
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
-    app.add_middleware(SecurityMiddleware, config=config)
+    app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)
+    app.add_middleware(SecurityMiddleware, config=config)  # added last: runs first
     app.state.metrics = metrics
     app.state.admission = admission
     return app

@@ -63,3 +63,19 @@ async def test_200_chat_and_32_research_requests_at_once(tiny_server, record_pro
     record_property("p99_admitted_s", round(p99, 3))
     print(f"\nadmitted {len(admitted)}, 429 {len(refused)}, p99 of admitted {p99:.2f} s")
     assert httpx.get(f"{tiny_server.base_url}/health").status_code == 200
+
+
+def test_requests_with_bodies_have_one_bound_over_all_routes() -> None:
+    """``max_concurrent_bodies`` applies before any route (0 here: every POST is over it); GETs pass."""
+    from starlette.testclient import TestClient
+
+    from mia_engine.config import ServerConfig
+    from mia_engine.server.app import build_app
+
+    from .test_openapi import _Engine
+
+    config = ServerConfig(allowed_hosts=["testserver"], admission=AdmissionConfig(max_concurrent_bodies=0))
+    client = TestClient(build_app(_Engine(), config))  # type: ignore[arg-type]
+    response = client.post("/v1/chat/completions", json={"model": "planner", "messages": []})
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert client.get("/openapi.json").status_code == 200
