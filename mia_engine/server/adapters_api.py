@@ -61,11 +61,15 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
         if registry.current(role) is None:
             raise NotFound(f"Role `{role}` has no adapter.", param="role")
         body: PublishRequest = await read_json(request, config.max_body_bytes, decoder)
+        if not body.path or "\x00" in body.path:
+            raise BadRequest("path must be a non-empty folder path without NUL characters.", param="path")
         with admission.slot("route:admin", config.admission.max_concurrent_admin):
             try:
                 version = await registry.publish(role, Path(body.path))
             except AdapterError as err:
                 raise BadRequest(str(err), param="path") from None
+            except (OSError, ValueError) as err:  # a path the OS refuses (too long, bad bytes, ...)
+                raise BadRequest(f"path cannot be read: {type(err).__name__}", param="path") from None
         return Response(msgspec.json.encode(_info(version)), media_type="application/json")
 
     return [

@@ -87,3 +87,9 @@ def test_grpo_limits(tiny_server, body: dict, param: str) -> None:
         return
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"].startswith(param), response.text
+
+
+@pytest.mark.parametrize("path", ["\x00", "a\x00b", "", "x" * 5000])
+def test_publish_paths_the_os_refuses_are_400(tiny_server, path: str) -> None:
+    """Found by tests/server/test_fuzz.py: a NUL byte in ``path`` was a 500."""
+    _assert_refused(_post(tiny_server, "/adapters/planner", {"path": path}, key=tiny_server.admin_key), 400, "path")
