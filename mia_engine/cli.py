@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, MIAConfig, load_config, parse_override_value
+from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
 
 PROG = "python -m mia_engine"
+API_KEY_ENV = "MIA_API_KEY"
+ADMIN_API_KEY_ENV = "MIA_ADMIN_API_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +32,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="a bundled config name (default, tiny, 8xgpu) or a TOML file (default: %(default)s)")
     serve.add_argument("--host", help="interface to bind (server.host)")
     serve.add_argument("--port", type=int, help="TCP port (server.port)")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key); shows in "
+                                         f"ps: prefer ${API_KEY_ENV} or --api-key-file")
+    serve.add_argument("--api-key-file", help="file holding the API key (server.api_key_file)")
+    serve.add_argument("--admin-api-key-file",
+                       help=f"file holding the admin key (server.admin_api_key_file; or ${ADMIN_API_KEY_ENV})")
     serve.add_argument("--data-dir", help="folder for durable state (data_dir)")
     serve.add_argument("--dry-run", action="store_true",
                        help="print the placement and each GPU's memory budget from the models' config.json "
@@ -101,15 +109,37 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """The command's arguments and the config overrides the user gave (dotted flags and their shortcuts)."""
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The command's arguments and the config overrides the user gave: flags, then dotted overrides; keys
+    may also come from ``$MIA_API_KEY`` / ``$MIA_ADMIN_API_KEY`` (a flag or override wins over the environment)."""
+    environ = os.environ if environ is None else environ
     args, rest = _parser().parse_known_args(argv)
-    overrides = dotted_overrides(rest)
+    overrides: dict[str, Any] = {}
+    if args.command == "serve":
+        for name, key, file_flag in ((API_KEY_ENV, "server.api_key", "api_key_file"),
+                                     (ADMIN_API_KEY_ENV, "server.admin_api_key", "admin_api_key_file")):
+            if environ.get(name) and not getattr(args, file_flag):  # an explicit key file wins
+                overrides[key] = environ[name]
+    overrides.update(dotted_overrides(rest))
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
+                      ("api_key_file", "server.api_key_file"), ("admin_api_key_file", "server.admin_api_key_file"),
                       ("data_dir", "data_dir"), ("corpus", "tools.corpus")):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     return args, overrides
+
+
+def parse_config(argv: list[str], environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, MIAConfig]:
+    """The command's arguments and its config (``serve`` refuses an unsafe bind here)."""
+    args, overrides = parse_args(argv, environ)
+    return args, _load(args, overrides)
+
+
+def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
+    config = load_config(args.config, overrides)
+    if args.command == "serve" and not getattr(args, "dry_run", False):
+        check_bind(config.server)
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.main(args.small, args.layers, args.seq_len)
     try:
         args, overrides = parse_args(argv)
-        config = load_config(args.config, overrides)
+        config = _load(args, overrides)
         _check_args(args)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
@@ -131,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        _warn_about_exposure(args, config)
         from .serve import serve
 
         serve(config)
@@ -171,6 +202,19 @@ def _dry_run(config: MIAConfig) -> int:
         print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
         return 2
     return 0
+
+
+def _warn_about_exposure(args: argparse.Namespace, config: MIAConfig) -> None:
+    log = logging.getLogger(PROG)
+    if getattr(args, "api_key", None):
+        log.warning("--api-key is visible to every user of this machine (ps); use $%s or --api-key-file", API_KEY_ENV)
+    server = config.server
+    if server.allow_unauthenticated_bind and not server.api_key and not server.is_loopback():
+        log.warning("SERVING %s WITHOUT AN API KEY (server.allow_unauthenticated_bind): anyone who can reach "
+                    "port %d can use this server", server.host, server.port)
+    if not server.is_loopback() and not server.allowed_hosts:
+        log.warning("bound to %s, but only Host headers naming localhost or %s are accepted: list the names "
+                    "clients use in server.allowed_hosts", server.host, server.host)
 
 
 def _check_args(args: argparse.Namespace) -> None:

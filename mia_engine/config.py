@@ -7,6 +7,7 @@ that names the field, e.g. ``roles.judge.alias_of: unknown role 'boss'``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from importlib import resources
@@ -32,19 +33,85 @@ class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
+class LimitsConfig(_Frozen):
+    """Per-request size limits of the HTTP API; a request over one is refused with a 4xx naming the field."""
+
+    max_tokens: int = 4096
+    """Largest ``max_tokens`` / ``max_completion_tokens`` accepted."""
+    max_rollouts: int = 16
+    """Largest ``rollouts`` (G) of a research request (model ``mia``)."""
+    max_stop_sequences: int = 8
+    """Most ``stop`` strings per request."""
+    max_stop_chars: int = 256
+    """Longest ``stop`` string."""
+    max_regex_chars: int = 4096
+    """Longest ``structured_outputs.regex`` (grammar compiles can pin a core)."""
+    max_json_schema_bytes: int = 16384
+    """Largest JSON schema (``structured_outputs.json``, ``response_format``), encoded."""
+    max_choices: int = 64
+    """Most ``structured_outputs.choice`` strings."""
+    max_choice_chars: int = 256
+    """Longest ``structured_outputs.choice`` string."""
+    max_question_chars: int = 8192
+    """Longest research question (model ``mia``)."""
+    max_ground_truth_chars: int = 4096
+    """Most characters over all ``ground_truth`` answers."""
+    max_grpo_groups: int = 16
+    """Most groups in one ``POST /v1/adapters/{role}/grpo``."""
+    max_grpo_completions: int = 16
+    """Most completions in one GRPO group."""
+    max_grpo_tokens: int = 65536
+    """Most tokens (prompts + completions, all groups) in one GRPO request."""
+
+
+class AdmissionConfig(_Frozen):
+    """Bounded concurrency: a request over a bound is answered 429 with ``Retry-After`` at once, never queued."""
+
+    max_concurrent_bodies: int = 512
+    """Requests with a body (POST) in flight at once, all routes together: bounds the memory bodies take
+    (times ``max_body_bytes``) before any route's own bound applies."""
+    max_concurrent_per_model: int = 128
+    """Chat requests running at once per model id (role)."""
+    max_concurrent_research: int = 16
+    """Research requests (model ``mia``) running at once."""
+    max_concurrent_memory: int = 64
+    """``/v1/memory`` requests running at once."""
+    max_concurrent_admin: int = 2
+    """Adapter publishing and learning requests running at once."""
+    retry_after_s: int = 1
+    """The ``Retry-After`` a 429 answers with."""
+
+
 class ServerConfig(_Frozen):
     """The HTTP front end."""
 
     host: str = "127.0.0.1"
-    """Interface to bind."""
+    """Interface to bind. A non-loopback address needs ``api_key`` (or ``allow_unauthenticated_bind``)."""
     port: int = 8000
     """TCP port to bind."""
     api_key: str = ""
-    """When set, every /v1 request must send ``Authorization: Bearer <api_key>``."""
+    """When set, every /v1 request must send ``Authorization: Bearer <api_key>``. Prefer the
+    ``MIA_API_KEY`` environment variable or ``api_key_file``: a command-line flag shows in ``ps``."""
+    api_key_file: str = ""
+    """A file holding ``api_key`` (first line); read at start."""
+    admin_api_key: str = ""
+    """Key of the admin scope: adapters, learning (``learn: true`` too) and memory writes, imports and
+    exports. Empty with ``api_key`` set: those routes are refused (403); both empty: open (loopback
+    only). Also from ``MIA_ADMIN_API_KEY`` or ``admin_api_key_file``."""
+    admin_api_key_file: str = ""
+    """A file holding ``admin_api_key`` (first line); read at start."""
+    allow_unauthenticated_bind: bool = False
+    """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use (and, with
+    no admin key, change) the server. Off unless asked for, and logged loudly."""
+    allowed_hosts: list[str] = []
+    """``Host`` header names accepted (DNS-rebinding guard); empty = localhost, 127.0.0.1, ::1 and
+    ``host`` itself; ``"*"`` = any (only behind a proxy that checks Host)."""
     max_body_bytes: int = 8 * 1024 * 1024
-    """Larger request bodies are refused with 413 before they are parsed."""
+    """Larger request bodies are refused with 413 while they are read (the memory import has its own cap)."""
     max_n: int = 16
     """Largest ``n`` (completions per request) accepted."""
+    limits: LimitsConfig = LimitsConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server and of the engine."""
     access_log: bool = False
@@ -52,6 +119,18 @@ class ServerConfig(_Frozen):
     keep_alive_s: float = 60.0
     """Idle keep-alive connections are closed after this; longer than clients' typical pauses, so a
     pooled connection is rarely closed under a client that is about to reuse it."""
+
+    def is_loopback(self) -> bool:
+        return is_loopback_host(self.host)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class EngineConfig(_Frozen):
@@ -229,8 +308,33 @@ def load_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> M
         config = msgspec.convert(raw, MIAConfig)
     except msgspec.ValidationError as err:
         raise ConfigError(_field_message(err)) from None
+    config = _with_key_files(config)
     _check(config)
     return config
+
+
+def _with_key_files(config: MIAConfig) -> MIAConfig:
+    """Read ``api_key_file`` / ``admin_api_key_file`` into the keys (a key given directly wins)."""
+    server = config.server
+    keys = {}
+    for field in ("api_key", "admin_api_key"):
+        path = getattr(server, f"{field}_file")
+        if path and not getattr(server, field):
+            keys[field] = _read_key_file(f"server.{field}_file", Path(path).expanduser())
+    if not keys:
+        return config
+    return msgspec.structs.replace(config, server=msgspec.structs.replace(server, **keys))
+
+
+def _read_key_file(field: str, path: Path) -> str:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as err:
+        raise ConfigError(f"{field}: cannot read {path}: {err.strerror}") from None
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise ConfigError(f"{field}: {path} is empty")
+    return key
 
 
 def _check_named_tables(raw: dict[str, Any]) -> None:
@@ -269,13 +373,21 @@ def _check(config: MIAConfig) -> None:
         _check_engine(name, engine)
     for name, role in config.roles.items():
         _check_role(config, name, role)
-    _check_positive("server.max_n", config.server.max_n)
     if config.learner.temperature != config.agent.planner_rollout_temperature:
         raise ConfigError(f"learner.temperature: {config.learner.temperature} must equal "
                           f"agent.planner_rollout_temperature ({config.agent.planner_rollout_temperature}), the "
                           "temperature the Planner's learned tokens are sampled at")
-    if not 0 <= config.server.port <= 65535:
-        raise ConfigError(f"server.port: {config.server.port} is not a TCP port")
+    _check_server(config.server)
+
+
+def _check_server(server: ServerConfig) -> None:
+    _check_positive("server.max_n", server.max_n)
+    _check_positive("server.max_body_bytes", server.max_body_bytes)
+    if not 0 <= server.port <= 65535:
+        raise ConfigError(f"server.port: {server.port} is not a TCP port")
+    for section in ("limits", "admission"):
+        for field, value in msgspec.structs.asdict(getattr(server, section)).items():
+            _check_positive(f"server.{section}.{field}", value)
 
 
 def _check_engine(name: str, engine: EngineConfig) -> None:
@@ -326,6 +438,15 @@ def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
 def _check_positive(field: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{field}: must be >= 1, got {value}")
+
+
+def check_bind(server: ServerConfig) -> None:
+    """Refuse to serve a non-loopback address without an API key (checked by ``serve`` only: a config is
+    also loaded by batch commands that bind nothing)."""
+    if not server.is_loopback() and not server.api_key and not server.allow_unauthenticated_bind:
+        raise ConfigError(
+            f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
+            "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
 
 
 def resolve_role(config: MIAConfig, name: str) -> tuple[str, RoleConfig]:

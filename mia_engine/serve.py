@@ -20,10 +20,11 @@ from .engines.startup import cuda_components
 from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
-from .memory.routes import memory_routes
 from .server.adapters_api import adapter_routes
+from .server.admission import Admission
 from .server.app import build_app
 from .server.learner_api import learner_routes
+from .server.memory_api import memory_routes
 from .server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -120,11 +121,13 @@ class Services:
 
 async def _serve(config: MIAConfig) -> None:
     services = Services(config)
-    routes = [*learner_routes(services.learner, services.roles), *adapter_routes(services.roles.adapters),
-              *memory_routes(services.memory)]  # type: ignore[arg-type]
+    admission = Admission(config.server.admission)
+    routes = [*learner_routes(services.learner, services.roles, config.server, admission),
+              *adapter_routes(services.roles.adapters, config.server, admission),
+              *memory_routes(services.memory, config.server, admission)]  # type: ignore[arg-type]
     app = build_app(services.roles, config.server, start=services.start, stop=services.stop, extra_routes=routes,
                     components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
-                    agent=services.agent, metrics=services.metrics)
+                    agent=services.agent, metrics=services.metrics, admission=admission)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, http="httptools", lifespan="on",
         log_level=config.server.log_level, access_log=config.server.access_log, timeout_graceful_shutdown=5,

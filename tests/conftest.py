@@ -16,6 +16,7 @@ import pytest
 from bench.servers import free_port, stop_process
 
 API_KEY = "test-key"
+ADMIN_KEY = "test-admin-key"
 START_TIMEOUT_S = 600
 
 
@@ -27,6 +28,7 @@ class ServerHandle:
     log_path: Path
     home: Path
     data_dir: Path
+    admin_key: str = ""
     health_before_ready: list[httpx.Response] = field(default_factory=list)
 
     @property
@@ -37,20 +39,25 @@ class ServerHandle:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
-def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY,
-                 data_dir: Path | None = None) -> ServerHandle:
-    """Launch ``python -m mia_engine serve`` exactly as a user would, on 127.0.0.1 and a free port."""
+def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, admin_key: str = ADMIN_KEY,
+                 data_dir: Path | None = None, host: str = "127.0.0.1", new_session: bool = False) -> ServerHandle:
+    """Launch ``python -m mia_engine serve`` exactly as a user would, on a loopback address and a free port
+    (the admin key through its environment variable, as an operator would keep it out of ``ps``).
+    ``new_session``: its own process group (engine processes included), for tests that kill the group."""
     port = free_port()
     home, data = tmp / "home", data_dir or tmp / "data"
     log_path = tmp / "server.log"
-    env = {**os.environ, "MIA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--host", "127.0.0.1",
+    env = {k: v for k, v in os.environ.items() if k not in ("MIA_API_KEY", "MIA_ADMIN_API_KEY")}
+    env.update({"MIA_HOME": str(home), "PYTHONUNBUFFERED": "1"})
+    if admin_key:
+        env["MIA_ADMIN_API_KEY"] = admin_key
+    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--host", host,
            "--port", str(port), "--data-dir", str(data), *extra]
     if api_key:
         cmd += ["--api-key", api_key]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    return ServerHandle(f"http://127.0.0.1:{port}", api_key, proc, log_path, home, data)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
+    return ServerHandle(f"http://{host}:{port}", api_key, proc, log_path, home, data, admin_key)
 
 
 def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -84,10 +91,10 @@ def _serve_tiny(tmp: Path) -> Iterator[ServerHandle]:
         stop_server(server)
 
 
-def _openai(server: ServerHandle, timeout: float):
+def _openai(server: ServerHandle, timeout: float, api_key: str | None = None):
     from openai import OpenAI
 
-    return OpenAI(base_url=server.openai_url, api_key=server.api_key, max_retries=0, timeout=timeout)
+    return OpenAI(base_url=server.openai_url, api_key=api_key or server.api_key, max_retries=0, timeout=timeout)
 
 
 def _async_openai(server: ServerHandle):
@@ -105,6 +112,12 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHand
 @pytest.fixture(scope="session")
 def openai_client(tiny_server: ServerHandle):
     return _openai(tiny_server, 120)
+
+
+@pytest.fixture(scope="session")
+def admin_openai_client(tiny_server: ServerHandle):
+    """For requests in the admin scope (``learn: true``)."""
+    return _openai(tiny_server, 300, tiny_server.admin_key)
 
 
 @pytest.fixture(scope="session")
@@ -127,3 +140,8 @@ def own_openai_client(own_server: ServerHandle):
 @pytest.fixture(scope="module")
 def own_async_openai_client(own_server: ServerHandle):
     return _async_openai(own_server)
+
+
+@pytest.fixture(scope="module")
+def own_admin_openai_client(own_server: ServerHandle):
+    return _openai(own_server, 300, own_server.admin_key)

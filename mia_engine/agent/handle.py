@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from ..config import MIAConfig
@@ -80,6 +79,12 @@ class AgentHandle:
         if self._tools is None:
             return f"the research agent is starting ({self.index_progress.describe()}); retry shortly"
         return "the research agent is starting; retry shortly"
+
+    def progress(self) -> str:
+        """What ``/health`` may show anyone while the agent starts: the index build's counts and time left."""
+        if self._error or self._tools is not None:
+            return ""
+        return self.index_progress.describe()
 
     def default_rollouts(self) -> int:
         return self.config.agent.num_rollouts_low_latency

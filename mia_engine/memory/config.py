@@ -79,9 +79,13 @@ class EmbedderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How long the encoder thread waits for more concurrent requests before a forward pass; 0 only
     merges what is already queued."""
 
+    max_queued_requests: int = 1024
+    """Encode requests waiting for the encoder thread at most; one more is refused (``EncoderBusy``)."""
+
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
         _require(self.max_seq_tokens >= 0, "embedder.max_seq_tokens must be >= 0")
+        _require(self.max_queued_requests >= 1, "embedder.max_queued_requests must be >= 1")
         _require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
 
 
@@ -127,6 +131,12 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``max_num_entries`` best by Val = s / (u + 1), newer first among equals."""
     max_num_entries: int = 10_000
     """Capacity kept by the "cap" clearing policy."""
+    max_num_stored: int = 100_000
+    """Hard capacity of the workflow memory, whatever ``clear_policy`` says: a write that would pass it
+    first clears the lowest-value memories (the "cap" rule: Val = s / (u + 1), older first among
+    equals) down to ``clear_to_fraction`` of it, in the same journaled change."""
+    clear_to_fraction: float = 0.9
+    """Where a forced clearing stops, as a fraction of ``max_num_stored`` (so it does not run on every write)."""
     num_meta_plans: int = 3
     """Contrastive (successful plan, failed plan) pairs of the most similar past questions returned
     to the Router."""
@@ -157,4 +167,6 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),
                  f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")
+        _require(self.max_num_stored >= 1, "max_num_stored must be >= 1")
+        _require(0.0 < self.clear_to_fraction <= 1.0, "clear_to_fraction must be in (0, 1]")
         _require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")

@@ -77,6 +77,10 @@ def dtype_candidates(config: EmbedderConfig, flags: frozenset[str]) -> tuple[str
     return ("float32", "bfloat16")
 
 
+class EncoderBusy(RuntimeError):
+    """The encoder's queue is full (``EmbedderConfig.max_queued_requests``); the HTTP layer answers 429."""
+
+
 class _Request:
     __slots__ = ("texts", "future")
 
@@ -99,7 +103,7 @@ class Embedder:
         """Why that dtype: the config, the hardware, or the rates measured at start."""
         self._model: Any = None
         self._dim = 0
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=config.max_queued_requests)
         self._loaded: Future[None] = Future()
         self._worker = threading.Thread(target=self._serve, name="memory-embedder", daemon=True)
         self._worker.start()
@@ -137,7 +141,11 @@ class Embedder:
         elif not self._worker.is_alive():
             request.future.set_exception(RuntimeError("the embedder is closed"))
         else:
-            self._queue.put(request)
+            try:
+                self._queue.put_nowait(request)
+            except queue.Full:  # a bounded queue: an overload is refused at once, never buffered
+                request.future.set_exception(EncoderBusy(
+                    f"the sentence encoder has {self._config.max_queued_requests} requests queued; retry shortly"))
         return request.future
 
     def _load(self) -> None:

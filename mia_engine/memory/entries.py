@@ -28,6 +28,15 @@ class InvalidMemory(MemoryStoreError, ValueError):
     """A memory or query the store cannot accept (unknown category, wrong embedding size, ...)."""
 
 
+class RecordTooLarge(MemoryStoreError):
+    """A change larger than the journal's record limit (``durability.max_record_bytes``): replay would
+    refuse it, so it is refused before it is written (HTTP 413)."""
+
+
+class MemoryUnavailable(MemoryStoreError):
+    """The store is not open (still opening, or failed to open: the reason is in the log)."""
+
+
 class BucketKey(NamedTuple):
     """Memories are only compared within a bucket: same modality and question category."""
 

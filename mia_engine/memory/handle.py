@@ -10,10 +10,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mia_engine.server.errors import Unavailable
-
 from .config import MemoryConfig
 from .embedder import TextEncoder
+from .entries import MemoryUnavailable
 from .service import MemoryService
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class MemoryHandle:
     @property
     def service(self) -> MemoryService:
         if self._service is None:
-            raise Unavailable(self.not_ready_reason(), code="memory_not_ready")
+            raise MemoryUnavailable(self.not_ready_reason())
         return self._service
 
     def __getattr__(self, name: str) -> Any:

@@ -3,12 +3,17 @@
 On disk, under the data dir:
 - ``memory.journal``: frames ``<u32 length><u32 crc32(length ‖ payload)><payload>``, each payload
   one msgpack ``Change``. A write is acknowledged after its frame is written (and fsynced, by
-  default), so an acknowledged change survives ``kill -9``. A torn or corrupt tail (a crash mid
-  write, a bad sector) fails the length or CRC check: it is cut off with one warning.
+  default), so an acknowledged change survives ``kill -9``. A change larger than
+  ``max_record_bytes`` (which replay would refuse) is refused before it is written. A torn or
+  corrupt tail (a crash mid write, a bad sector) fails the length or CRC check: it is moved aside
+  to ``memory.journal.corrupt-<unix time>`` (never deleted) and the log says so, once.
 - ``memory.snapshot``: one frame holding the whole state and the ``seq`` of the last change it
   includes; written to a temp file, fsynced and renamed over the old one, then the journal is
   emptied. Changes with ``seq`` at or below the snapshot's are skipped on replay, so a crash
   between the rename and the truncation replays nothing twice.
+
+Files are created 0600 and the folder 0700 (memories can hold anything a user asked); every rename
+and creation is followed by an fsync of the folder.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import fcntl
 import logging
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
 import msgspec
 
 from .config import DurabilityConfig
-from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair
+from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair, RecordTooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,9 @@ JOURNAL_NAME = "memory.journal"
 SNAPSHOT_NAME = "memory.snapshot"
 _HEADER = struct.Struct("<II")  # payload length, crc32
 _SNAPSHOT_FORMAT = 1
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
+CORRUPT_SUFFIX = ".corrupt-"
 
 
 class CorruptSnapshot(MemoryStoreError):
@@ -95,15 +104,17 @@ class Journal:
     @classmethod
     def open(cls, data_dir: Path, config: DurabilityConfig) -> tuple[Journal, Recovered]:
         """Lock the data dir, read snapshot and journal, cut a torn tail, and open the journal for appending."""
-        data_dir.mkdir(parents=True, exist_ok=True)
+        _make_private_dir(data_dir)
         path = data_dir / JOURNAL_NAME
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, _FILE_MODE)
         try:
             _lock(fd, path)
+            os.fchmod(fd, _FILE_MODE)  # journals written by older versions were 0644
             (data_dir / (SNAPSHOT_NAME + ".tmp")).unlink(missing_ok=True)  # a snapshot that never got renamed
             snapshot = _read_snapshot(data_dir / SNAPSHOT_NAME, config)
             changes, valid_size = _read_journal(path, config)
             if os.fstat(fd).st_size != valid_size:
+                _set_aside_tail(path, valid_size, len(changes))
                 os.ftruncate(fd, valid_size)
                 os.fsync(fd)
             _fsync_dir(data_dir)
@@ -117,9 +128,19 @@ class Journal:
     def num_bytes(self) -> int:
         return self._size
 
+    @property
+    def max_record_bytes(self) -> int:
+        return self._config.max_record_bytes
+
     def append(self, change: Change) -> None:
-        """Durable once this returns; on failure the partial frame is cut so later frames stay readable."""
-        frame = _frame(self._encoder.encode(change))
+        """Durable once this returns; on failure the partial frame is cut so later frames stay readable.
+
+        A change replay would refuse (over ``max_record_bytes``) raises ``RecordTooLarge`` unwritten."""
+        payload = self._encoder.encode(change)
+        if len(payload) > self._config.max_record_bytes:
+            raise RecordTooLarge(f"this change takes {len(payload)} bytes in the memory journal; the limit is "
+                                 f"{self._config.max_record_bytes} (memory.durability.max_record_bytes)")
+        frame = _frame(payload)
         try:
             _write_all(self._fd, frame)
             if self._config.fsync == "always":
@@ -133,7 +154,7 @@ class Journal:
         """Atomically replace the snapshot, then empty the journal it makes redundant."""
         final = self._data_dir / SNAPSHOT_NAME
         temp = final.with_name(SNAPSHOT_NAME + ".tmp")
-        with open(temp, "wb") as file:
+        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE), "wb") as file:
             file.write(_frame(self._encoder.encode(snapshot)))
             file.flush()
             os.fsync(file.fileno())  # always: the journal is truncated next, the snapshot must be on disk first
@@ -171,7 +192,7 @@ def _frames(data: bytes, max_record_bytes: int) -> tuple[list[tuple[bytes, int]]
 
 
 def _read_journal(path: Path, config: DurabilityConfig) -> tuple[list[Change], int]:
-    """Complete changes and the byte size they span; anything after is reported once and dropped."""
+    """Complete changes and the byte size they span (anything after is the caller's to set aside)."""
     data = path.read_bytes() if path.exists() else b""
     frames, valid_size = _frames(data, config.max_record_bytes)
     decoder = msgspec.msgpack.Decoder(Change)
@@ -182,12 +203,28 @@ def _read_journal(path: Path, config: DurabilityConfig) -> tuple[list[Change], i
         except msgspec.DecodeError:  # CRC fine but not a Change: treat like corruption from here on
             valid_size = end - len(payload) - _HEADER.size
             break
-    if valid_size < len(data):
-        logger.warning(
-            "memory journal %s: dropped a torn or corrupt tail of %d bytes at offset %d; kept %d complete records",
-            path, len(data) - valid_size, valid_size, len(changes),
-        )
     return changes, valid_size
+
+
+def _set_aside_tail(path: Path, valid_size: int, num_kept: int) -> Path:
+    """Copy the bytes after the valid prefix to a private side file (durably) before the journal is cut."""
+    aside = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{time.time_ns()}")
+    with open(path, "rb") as source, open(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE),
+                                          "wb") as target:
+        source.seek(valid_size)
+        num_bytes = 0
+        while chunk := source.read(1 << 20):
+            target.write(chunk)
+            num_bytes += len(chunk)
+        target.flush()
+        os.fsync(target.fileno())
+    _fsync_dir(path.parent)
+    logger.warning(
+        "memory journal %s: a torn or corrupt tail of %d bytes at offset %d was moved aside to %s; "
+        "kept %d complete records",
+        path, num_bytes, valid_size, aside.name, num_kept,
+    )
+    return aside
 
 
 def _read_snapshot(path: Path, config: DurabilityConfig) -> Snapshot | None:
@@ -219,6 +256,14 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _make_private_dir(path: Path) -> None:
+    existed = path.is_dir()
+    path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(path, _DIR_MODE)
+    if not existed:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

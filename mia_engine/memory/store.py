@@ -33,6 +33,7 @@ from .entries import (
     MemoryStats,
     MetaPlanHit,
     MetaPlanPair,
+    RecordTooLarge,
     SearchResult,
     StoredRecord,
     vector_from_bytes,
@@ -45,7 +46,7 @@ from .validation import bucket_key, validated_entry, validated_pair, validated_r
 logger = logging.getLogger(__name__)
 
 _NUM_DUPLICATE_CANDIDATES = 8
-_IMPORT_CHUNK = 256  # records per journal frame, so one import never makes a huge frame
+_CHANGE_OVERHEAD_BYTES = 256  # a Change's own fields and list headers around its records, generously
 
 
 class ExperienceStore:
@@ -230,10 +231,16 @@ class ExperienceStore:
         return ClearResult(removed, removed_pairs)
 
     def import_records(self, records: Sequence[StoredRecord]) -> int:
-        """Upsert exported records verbatim (ids, counters and times kept; no replacement rule)."""
+        """Upsert exported records verbatim (ids, counters and times kept; no replacement rule).
+
+        Written in changes of at most one journal record each, so every one replays; a record too
+        large for a change of its own is refused (``RecordTooLarge``) before anything is written."""
         validated = [validated_record(record, self._config, self._dim) for record in records]
-        for start in range(0, len(validated), _IMPORT_CHUNK):
-            chunk = validated[start : start + _IMPORT_CHUNK]
+        num_entries = sum(isinstance(r, MemoryEntry) for r in validated)
+        if num_entries > self._config.max_num_stored:
+            raise InvalidMemory(f"the import holds {num_entries} memories; the store keeps at most "
+                                f"{self._config.max_num_stored} (memory.max_num_stored)")
+        for chunk in _chunks_by_bytes(validated, self._journal.max_record_bytes - _CHANGE_OVERHEAD_BYTES):
             self._commit(
                 Change(
                     0,
@@ -261,12 +268,30 @@ class ExperienceStore:
     # ---- internals -----------------------------------------------------------------------
 
     def _commit(self, change: Change) -> None:
-        change = msgspec.structs.replace(change, seq=self._seq + 1)
+        change = msgspec.structs.replace(self._with_room(change), seq=self._seq + 1)
         self._journal.append(change)  # the durability point: acknowledged from here on
         self._apply(change)
         self._num_since_snapshot += 1
         if self._num_since_snapshot >= self._config.durability.snapshot_interval:
             self._periodic_snapshot()
+
+    def _with_room(self, change: Change) -> Change:
+        """``change`` plus the clearing that keeps the store within ``max_num_stored`` once it is applied."""
+        new_ids = {e.id for e in change.put_entries if e.id not in self._entries}
+        num_deleted = sum(1 for entry_id in set(change.delete_entries) if entry_id in self._entries)
+        num_after = len(self._entries) - num_deleted + len(new_ids)
+        if num_after <= self._config.max_num_stored:
+            return change
+        if len(new_ids) > self._config.max_num_stored:
+            raise InvalidMemory(f"this change adds {len(new_ids)} memories; the store keeps at most "
+                                f"{self._config.max_num_stored} (memory.max_num_stored)")
+        protected = {e.id for e in change.put_entries} | set(change.delete_entries)
+        candidates = [e for e in self._entries.values() if e.id not in protected]
+        keep = max(0, int(self._config.max_num_stored * self._config.clear_to_fraction) - len(new_ids))
+        removed = entries_to_clear(candidates, "cap", max_num_entries=keep, last_clear_at=None)
+        logger.info("memory store at its capacity (%d): clearing %d lowest-value memories",
+                    self._config.max_num_stored, len(removed))
+        return msgspec.structs.replace(change, delete_entries=[*change.delete_entries, *removed])
 
     def _periodic_snapshot(self) -> None:
         """A failed snapshot must not fail the write that triggered it: that write is already durable."""
@@ -374,6 +399,27 @@ class ExperienceStore:
             MemoryHit(self._entries[row.entry_id], row.score, row.sim, row.sim_norm, row.value, row.freq)
             for row in rows
         ]
+
+
+def _chunks_by_bytes(records: Sequence[StoredRecord], max_bytes: int) -> list[list[StoredRecord]]:
+    """Consecutive runs of records whose msgpack sizes add up to at most ``max_bytes`` each."""
+    encoder = msgspec.msgpack.Encoder()
+    chunks: list[list[StoredRecord]] = []
+    chunk: list[StoredRecord] = []
+    num_bytes = 0
+    for index, record in enumerate(records):
+        size = len(encoder.encode(record))
+        if size > max_bytes:
+            raise RecordTooLarge(f"record {index} ({record.id!r}) takes {size} bytes; a journal change holds at "
+                                 f"most {max_bytes} (memory.durability.max_record_bytes)")
+        if chunk and num_bytes + size > max_bytes:
+            chunks.append(chunk)
+            chunk, num_bytes = [], 0
+        chunk.append(record)
+        num_bytes += size
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def _score_device(name: str) -> torch.device:

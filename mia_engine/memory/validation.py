@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .config import MemoryConfig
 from .entries import BucketKey, InvalidMemory, MemoryEntry, MetaPlanPair, StoredRecord, vector_from_bytes
+
+UNIT_NORM_TOLERANCE = 1e-3
+"""|‖e‖ − 1| above this is not an encoder's output: one NaN or unnormalised key would poison every
+score of its bucket (min-max normalisation spans the bucket)."""
 
 
 def bucket_key(config: MemoryConfig, modality: str, category: str | None) -> BucketKey:
@@ -27,17 +35,37 @@ def validated_entry(entry: MemoryEntry, config: MemoryConfig, dim: int) -> Memor
     bucket_key(config, entry.modality, entry.category)
     if entry.num_uses < 0 or entry.num_successes < 0:
         raise InvalidMemory("num_uses and num_successes must be >= 0")
-    vector_from_bytes(entry.question_embedding, dim)
+    if entry.num_successes > entry.num_uses:
+        raise InvalidMemory(f"num_successes ({entry.num_successes}) must not exceed num_uses ({entry.num_uses})")
+    _check_times(entry.created_at, entry.updated_at)
+    unit_vector(entry.question_embedding, dim, "question_embedding")
     if entry.caption_embedding:
-        vector_from_bytes(entry.caption_embedding, dim)
+        unit_vector(entry.caption_embedding, dim, "caption_embedding")
     return entry
 
 
 def validated_pair(pair: MetaPlanPair, dim: int) -> MetaPlanPair:
     if not pair.id:
         raise InvalidMemory("meta plan id must not be empty")
-    vector_from_bytes(pair.question_embedding, dim)
+    _check_times(pair.created_at)
+    unit_vector(pair.question_embedding, dim, "question_embedding")
     return pair
+
+
+def unit_vector(data: bytes, dim: int, name: str) -> np.ndarray:
+    """(dim,) float32 key, refused unless finite and L2-normalised."""
+    vector = vector_from_bytes(data, dim)
+    if not np.isfinite(vector).all():
+        raise InvalidMemory(f"{name} has non-finite values")
+    norm = float(np.linalg.norm(vector.astype(np.float64)))
+    if abs(norm - 1.0) > UNIT_NORM_TOLERANCE:
+        raise InvalidMemory(f"{name} is not L2-normalised (norm {norm:.4g})")
+    return vector
+
+
+def _check_times(*times: float) -> None:
+    if not all(math.isfinite(t) for t in times):
+        raise InvalidMemory("timestamps must be finite")
 
 
 def validated_record(record: StoredRecord, config: MemoryConfig, dim: int) -> StoredRecord:

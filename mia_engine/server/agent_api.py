@@ -10,6 +10,7 @@ answer as content.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,11 +20,15 @@ import msgspec
 
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import ServerConfig
+from ..engines.roles import ContextLengthError
 from .chat import AGENT_MODEL, flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
+from .limits import check_question
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Delta, ImagePart)
+
+log = logging.getLogger(__name__)
 
 
 class AgentSource(Protocol):
@@ -59,12 +64,27 @@ class AgentChat:
         question = flatten_message(index, message)["content"].strip()
         if not question:
             raise BadRequest("The question is empty.", param=f"messages[{index}].content")
+        check_question(question, f"messages[{index}].content", self.config.limits)
         rollouts = request.rollouts or self.source.default_rollouts()
-        if rollouts > self.config.max_n:
-            raise BadRequest(f"rollouts = {rollouts} is more than this server allows ({self.config.max_n}).",
-                             param="rollouts")
+        if rollouts > self.config.limits.max_rollouts:
+            raise BadRequest(f"rollouts = {rollouts} is more than this server allows "
+                             f"({self.config.limits.max_rollouts}).", param="rollouts")
         truth = [request.ground_truth] if isinstance(request.ground_truth, str) else request.ground_truth
         return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "")
+
+    async def check_fits(self, research: ResearchRequest) -> None:
+        """Question and ground truth must leave room in every role's context (they are quoted in its prompts,
+        beside memories and observations): at most a quarter of the smallest one, checked before any work
+        so an over-long question is a 400 up front, not a failure after the research ran."""
+        agent = self.source.agent
+        roles = agent.config.roles
+        models = {roles.planner, roles.executor, roles.manager, roles.judge, roles.router}
+        budget = min(agent.client.max_model_len(m) for m in models) // 4
+        for param, text in (("messages", research.question), ("ground_truth", " ".join(research.ground_truth or []))):
+            num_tokens = len(await agent.client.render_chat(roles.planner, [{"role": "user", "content": text}]))
+            if num_tokens > budget:
+                raise BadRequest(f"The {param.replace('messages', 'question')} takes {num_tokens} tokens; this "
+                                 f"server's models allow {budget}.", param=param, code="context_length_exceeded")
 
     async def complete(self, request: ChatCompletionRequest, research: ResearchRequest) -> bytes:
         start = time.perf_counter()
@@ -72,6 +92,9 @@ class AgentChat:
         try:
             result = await self.source.agent.research(research)
             status = "ok"
+        except ContextLengthError as err:  # the research grew past a context after all: the client's input
+            status = "error"
+            raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         finally:
             self._record(status, start)
         body = ChatCompletion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), AGENT_MODEL,
@@ -103,9 +126,11 @@ class AgentChat:
             final = ChunkChoice(0, Delta(content=result.answer), "stop")
             yield sse(encode(ChatCompletionChunk(chunk_id, created, AGENT_MODEL, [final],
                                                  mia=trace(result, full=request.return_trace))))
-        except Exception as err:  # the research failed after the stream started: report it in-band
+        except Exception:  # the research failed after the stream started: report it in-band (details: the log)
             status = "error"
-            yield sse(encode(ErrorBody(ErrorDetail(f"research failed: {type(err).__name__}: {err}", "server_error"))))
+            log.exception("research failed after its stream started")
+            yield sse(encode(ErrorBody(ErrorDetail("research failed (details are in the server log)",
+                                                   "server_error"))))
         finally:
             if not task.done():
                 task.cancel()

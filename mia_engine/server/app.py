@@ -1,4 +1,5 @@
-"""The Starlette app: routes, API-key check, OpenAI-style errors, engine start in the background.
+"""The Starlette app: routes, security middleware, admission, OpenAI-style errors, engine start in the
+background.
 
 The server listens at once; the engines start behind it, and until they are up every generation
 request (and ``/health``) answers 503, so clients and orchestrators can wait for readiness.
@@ -7,7 +8,6 @@ request (and ``/health``) answers 503, so clients and orchestrators can wait for
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -20,15 +20,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import ServerConfig
 from ..engines.protocol import EngineClient, ModelCard
+from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentChat, AgentSource
+from .body import read_body
 from .chat import AGENT_MODEL, ChatService
-from .errors import APIError, NotFound, PayloadTooLarge, Unauthorized, Unavailable
+from .errors import APIError, NotFound, Unavailable
+from .limits import check_chat_limits
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, ModelList, ModelObject
+from .openapi import ApiRoute, openapi_document
+from .protocol import ChatCompletion, ChatCompletionRequest, ModelList, ModelObject
+from .security import SecurityMiddleware, require_admin
 
 log = logging.getLogger(__name__)
 
@@ -37,34 +41,6 @@ class Readiness(Protocol):
     def is_ready(self) -> bool: ...
 
     def not_ready_reason(self) -> str: ...
-
-
-class ApiKeyMiddleware:
-    """Rejects /v1 requests without ``Authorization: Bearer <key>``; /health and /metrics stay open."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            sent = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(sent, self.expected):
-                response = Unauthorized("Missing or invalid API key (send 'Authorization: Bearer <key>').",
-                                        code="invalid_api_key").to_response()
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"Request body is larger than {max_bytes} bytes.")
-    body = await request.body()
-    if len(body) > max_bytes:
-        raise PayloadTooLarge(f"Request body is larger than {max_bytes} bytes.")
-    return body
 
 
 async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:
@@ -101,19 +77,45 @@ def build_app(
     components: Sequence[tuple[str, Readiness]] = (),
     agent: AgentSource | None = None,
     metrics: Metrics | None = None,
+    admission: Admission | None = None,
 ) -> Starlette:
     """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down.
 
-    ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store."""
+    ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store;
+    ``admission`` is shared with the ``extra_routes`` that bound their own concurrency."""
     metrics = metrics or Metrics()
+    admission = admission or Admission(config.admission)
     chat = ChatService(client, config, metrics)
     agent_chat = AgentChat(agent, config, metrics) if agent is not None else None
     created = int(time.time())
 
     async def chat_completions(request: Request) -> Response:
         body = chat.decode(await read_body(request, config.max_body_bytes))
+        check_chat_limits(body, config.limits)
+        if body.learn:
+            require_admin(request, "Learning from a request (learn: true)", param="learn")
         if body.model == AGENT_MODEL and agent_chat is not None:
-            return await research(request, body)
+            return await admitted(request, body, f"route:{AGENT_MODEL}", config.admission.max_concurrent_research,
+                                  research)
+        chat.check_model(body.model)
+        return await admitted(request, body, f"model:{body.model}", config.admission.max_concurrent_per_model,
+                              generate)
+
+    async def admitted(request: Request, body: ChatCompletionRequest, key: str, limit: int,
+                       handler: Callable[[Request, ChatCompletionRequest], Awaitable[Response]]) -> Response:
+        """Run ``handler`` in a slot of ``key``; a stream keeps its slot until it ends."""
+        admission.acquire(key, limit, param="model")
+        try:
+            response = await handler(request, body)
+        except BaseException:
+            admission.release(key)
+            raise
+        if isinstance(response, StreamingResponse):
+            return admission.held_by(key, response)
+        admission.release(key)
+        return response
+
+    async def generate(request: Request, body: ChatCompletionRequest) -> Response:
         prepared = await chat.prepare(body)
         if prepared.request.stream:
             generation = await chat.open(prepared, stream=True)
@@ -124,6 +126,7 @@ def build_app(
     async def research(request: Request, body: ChatCompletionRequest) -> Response:
         assert agent_chat is not None
         research_request = agent_chat.research_request(body)
+        await agent_chat.check_fits(research_request)
         if body.stream:
             return StreamingResponse(agent_chat.stream(body, research_request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -154,12 +157,18 @@ def build_app(
         raise NotFound(f"The model `{model_id}` does not exist{hint}.", param="model", code="model_not_found")
 
     async def health(request: Request) -> Response:
-        """503 naming every component still starting (the engines and the index build run at once)."""
+        """Unauthenticated: names every component still starting (the engines and the index build run at
+        once) with its public progress, if it has one (``progress()``: counts and time left), never the
+        reasons, which hold paths and errors (they are in the log)."""
         waiting = [(code, component) for code, component in (("engine_not_ready", client), *components)
                    if not component.is_ready()]
         if waiting:
-            raise Unavailable("; ".join(component.not_ready_reason() for _, component in waiting), code=waiting[0][0])
+            raise Unavailable("; ".join(_waiting_line(code, component) for code, component in waiting),
+                              code=waiting[0][0])
         return json_response({"status": "ok"})
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -178,16 +187,23 @@ def build_app(
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ApiRoute("/v1/models", list_models, method="GET", summary="List the model ids served",
+                 response_type=ModelList),
+        ApiRoute("/v1/models/{model:path}", get_model, method="GET", summary="One model id",
+                 response_type=ModelObject),
+        ApiRoute("/v1/chat/completions", chat_completions, method="POST",
+                 summary="Chat completion of a role, or a research answer (model `mia`)",
+                 request_type=ChatCompletionRequest, response_type=ChatCompletion),
+        Route("/openapi.json", openapi, methods=["GET"]),
         *extra_routes,
     ]
+    document = msgspec.json.encode(openapi_document(routes))
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)
+    app.add_middleware(SecurityMiddleware, config=config)  # added last: runs first
     app.state.metrics = metrics
+    app.state.admission = admission
     return app
 
 
@@ -206,6 +222,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    error = APIError(f"Internal server error: {type(exc).__name__}")
+    error = APIError("Internal server error (details are in the server log).")
     error.status, error.type = 500, "internal_error"
     return error.to_response()
+
+
+def _waiting_line(code: str, component: Readiness) -> str:
+    # looked up on the class: an instance's ``__getattr__`` (a readiness wrapper's) must not be reached
+    progress = getattr(type(component), "progress", None)
+    detail = progress(component) if callable(progress) else ""
+    return f"{code.removesuffix('_not_ready')} is not ready" + (f" ({detail})" if detail else "")

@@ -52,7 +52,7 @@ class ChatService:
 
     async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can reject a request, before any engine work starts."""
-        self._check_model(request.model)
+        self.check_model(request.model)
         if request.n > self.config.max_n:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
@@ -67,10 +67,11 @@ class ChatService:
                 request.model, len(prompt_ids), request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
+        max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
         return PreparedChat(request, prompt_ids, _options(request, max_tokens),
                             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
-    def _check_model(self, model: str) -> None:
+    def check_model(self, model: str) -> None:
         if model == AGENT_MODEL:
             raise NotFound("The research agent `mia` is not served by this build yet; use a role "
                            "(GET /v1/models lists them).", param="model", code="model_not_found")

@@ -28,15 +28,18 @@ class APIError(Exception):
     status = 400
     type = "invalid_request_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def to_response(self) -> Response:
         body = ErrorBody(ErrorDetail(self.message, self.type, self.param, self.code))
-        return Response(msgspec.json.encode(body), status_code=self.status, media_type="application/json")
+        return Response(msgspec.json.encode(body), status_code=self.status, media_type="application/json",
+                        headers=self.headers)
 
 
 class BadRequest(APIError):
@@ -46,6 +49,11 @@ class BadRequest(APIError):
 class Unauthorized(APIError):
     status = 401
     type = "authentication_error"
+
+
+class Forbidden(APIError):
+    status = 403
+    type = "permission_error"
 
 
 class NotFound(APIError):
@@ -60,6 +68,21 @@ class Conflict(APIError):
 
 class PayloadTooLarge(APIError):
     status = 413
+
+
+class UnsupportedMediaType(APIError):
+    status = 415
+
+
+class TooManyRequests(APIError):
+    """Admission control: the bound is reached; the client should retry after ``Retry-After`` seconds."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="too_many_requests",
+                         headers={"Retry-After": str(retry_after_s)})
 
 
 class Unavailable(APIError):

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mia_engine.memory.config import MemoryConfig
-from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, vector_to_bytes
-from mia_engine.memory.journal import JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
+from mia_engine.memory.config import DurabilityConfig, MemoryConfig
+from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, RecordTooLarge, vector_to_bytes
+from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
 from mia_engine.memory.store import ExperienceStore
 
 from .factories import FakeClock, make_entry, memory_config, open_store, state_of, unit
@@ -218,3 +218,118 @@ def test_a_second_writer_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
         open_store(tmp_path)
     store.close()
     open_store(tmp_path).close()  # free again once the first one is closed
+
+
+CONCURRENT_WRITER = Path(__file__).with_name("_concurrent_writer.py")
+NUM_GROUP_KILLS = 20
+
+
+@pytest.mark.slow
+def test_20_process_group_kills_during_concurrent_writes_of_any_size(tmp_path: Path) -> None:
+    """kill -9 of the whole process group while 8 tasks add, import and delete memories of random sizes,
+    some over the journal's record limit: those are refused (never acknowledged, never stored), every
+    acknowledged write survives, and the store opens after every kill."""
+    from ._concurrent_writer import DIM, writer_config
+
+    rng = random.Random(4321)
+    expected: set[str] = set()
+    deleted: set[str] = set()
+    num_acked = num_refused = 0
+    for round_number in range(NUM_GROUP_KILLS):
+        lines = _run_group_and_kill(tmp_path, seed=round_number, after_s=rng.uniform(0.1, 0.6))
+        for kind, *ids in (line.split() for line in lines):
+            num_acked += kind in ("add", "import", "del")
+            num_refused += kind == "refused"
+            if kind in ("add", "import"):
+                expected.update(ids)
+            elif kind == "deleting":
+                expected.difference_update(ids)
+            elif kind == "del":
+                deleted.update(ids)
+        store = ExperienceStore.open(tmp_path, writer_config(), DIM, clock=FakeClock())  # opens every time
+        stored = {r.id for r in store.export_records()}
+        _assert_consistent(store)
+        store.close()
+        assert expected <= stored, f"round {round_number}: lost {sorted(expected - stored)[:5]}"
+        assert not deleted & stored
+        assert all(r.stat().st_mode & 0o077 == 0 for r in tmp_path.iterdir())  # 0600 files
+    assert num_acked > 100 and num_refused > 0  # the kills interrupted busy writers, oversized ones included
+
+
+def _run_group_and_kill(data_dir: Path, *, seed: int, after_s: float) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    process = subprocess.Popen([sys.executable, "-m", "tests.memory._concurrent_writer", str(data_dir), str(seed)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
+                               start_new_session=True)
+    try:
+        ready = process.stdout.readline()
+        assert ready == b"ready\n", process.stderr.read().decode(errors="replace")
+        time.sleep(after_s)
+        os.killpg(process.pid, signal.SIGKILL)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    return [line.decode() for line in out.split(b"\n")[:-1]]  # the last piece may be a torn line
+
+
+def test_a_change_over_the_record_limit_is_refused_unwritten(tmp_path: Path) -> None:
+    """The bug this guards: a 70 MB add was acknowledged, then replay cut the journal there, losing it and
+    every later write."""
+    config = MemoryConfig(durability=DurabilityConfig(max_record_bytes=64 * 1024))
+    store = open_store(tmp_path, config)
+    rng = np.random.default_rng(5)
+    small = store.add(make_entry(unit(rng), question="before")).id
+    with pytest.raises(RecordTooLarge):
+        store.add(make_entry(unit(rng), question="huge", trajectory="x" * (100 * 1024)))
+    later = store.add(make_entry(unit(rng), question="after")).id
+    size = (tmp_path / JOURNAL_NAME).stat().st_size
+    store.close()
+    reopened = open_store(tmp_path, config)
+    assert small in reopened and later in reopened and len(reopened) == 2
+    assert (tmp_path / JOURNAL_NAME).stat().st_size == size  # nothing was cut on replay
+    reopened.close()
+
+
+def test_import_is_written_in_changes_that_replay(tmp_path: Path) -> None:
+    config = MemoryConfig(durability=DurabilityConfig(max_record_bytes=64 * 1024))
+    store = open_store(tmp_path, config)
+    rng = np.random.default_rng(6)
+    records = [make_entry(unit(rng), question=f"q{i}", trajectory="y" * 20_000) for i in range(20)]  # ~400 KB
+    assert store.import_records(records) == 20
+    with pytest.raises(RecordTooLarge):
+        store.import_records([make_entry(unit(rng), question="big", trajectory="z" * (80 * 1024))])
+    store.close()
+    reopened = open_store(tmp_path, config)
+    assert len(reopened) == 20
+    reopened.close()
+
+
+def test_a_corrupt_tail_is_kept_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ids = _fill(tmp_path, 4)
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    cut = len(data) // 2
+    data[cut + 9] ^= 0xFF  # corrupt a middle record: it and everything after fail the check
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger=JOURNAL_LOGGER):
+        store = open_store(tmp_path)
+    kept = [entry_id for entry_id in ids if entry_id in store]
+    store.close()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(JOURNAL_NAME + CORRUPT_SUFFIX)]
+    assert len(aside) == 1 and aside[0].name in _journal_warnings(caplog)[0].getMessage()
+    assert path.read_bytes() + aside[0].read_bytes() == bytes(data)  # nothing was thrown away
+    assert aside[0].stat().st_mode & 0o777 == 0o600 and 0 < len(kept) < len(ids)
+
+
+def test_files_are_private(tmp_path: Path) -> None:
+    data_dir = tmp_path / "memory"
+    store = open_store(data_dir)
+    store.add(make_entry(unit(np.random.default_rng(7))))
+    store.compact()
+    store.close()
+    assert data_dir.stat().st_mode & 0o777 == 0o700
+    for name in (JOURNAL_NAME, SNAPSHOT_NAME):
+        assert (data_dir / name).stat().st_mode & 0o777 == 0o600

@@ -88,3 +88,23 @@ def test_auto_dtype_says_what_it_chose_and_why(caplog: pytest.LogCaptureFixture)
         assert encoder.max_seq_tokens == EmbedderConfig().max_seq_tokens == 128
     finally:
         encoder.close()
+
+
+async def test_a_full_encoder_queue_refuses_at_once() -> None:
+    """The queue in front of the encoder thread is bounded: an overload gets ``EncoderBusy`` (429 over
+    HTTP) at once instead of waiting behind an ever longer queue."""
+    import asyncio
+
+    from mia_engine.memory.config import EmbedderConfig
+    from mia_engine.memory.embedder import Embedder, EncoderBusy
+
+    encoder = Embedder(EmbedderConfig(max_queued_requests=1))
+    try:
+        big = encoder.encode_async([f"passage number {i} about rivers and cities" for i in range(300)])
+        small = [encoder.encode_async([f"q{i}"]) for i in range(10)]
+        results = await asyncio.gather(big, *small, return_exceptions=True)
+    finally:
+        encoder.close()
+    busy = [r for r in results if isinstance(r, EncoderBusy)]
+    assert busy and all(isinstance(r, EncoderBusy) or r.shape[1] == encoder.dim for r in results)
+    assert not isinstance(results[0], Exception) and results[0].shape == (300, encoder.dim)

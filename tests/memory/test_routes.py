@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import threading
 import time
@@ -10,17 +11,22 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import msgspec
+import numpy as np
 import pytest
 import pytest_asyncio
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
 from mia_engine.memory.embedder import Embedder
-from mia_engine.memory.routes import memory_routes
+from mia_engine.config import ServerConfig
 from mia_engine.memory.service import MemoryService
+from mia_engine.server.memory_api import memory_routes
+from mia_engine.server.security import SecurityMiddleware
 
 from .factories import memory_config
 
+NDJSON = {"content-type": "application/x-ndjson"}
 ADD = {
     "question": "Who painted The Night Watch?",
     "workflow_summary": "1. **search** (painting → Rembrandt)",
@@ -44,7 +50,7 @@ async def service(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) 
 @pytest.fixture(scope="module")
 def base_url(service: MemoryService) -> Iterator[str]:
     port = _free_port()
-    app = Starlette(routes=memory_routes(service))
+    app = Starlette(routes=memory_routes(service), middleware=[Middleware(SecurityMiddleware, config=ServerConfig())])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="memory-http", daemon=True)
     thread.start()
@@ -100,7 +106,7 @@ def test_export_import_stats(client: httpx.Client) -> None:
     assert {msgspec.json.decode(line)["id"] for line in lines} >= set(ids)
     for memory_id in ids:
         client.delete(f"/v1/memory/{memory_id}")
-    imported = client.post("/v1/memory/import", content=exported.content)
+    imported = client.post("/v1/memory/import", content=exported.content, headers=NDJSON)
     assert imported.json() == {"num_imported": len(lines)}
     assert client.get("/v1/memory/export").content.splitlines() == lines  # identical, counters and times included
     stats = client.get("/v1/memory/stats").json()
@@ -135,12 +141,12 @@ def test_bad_input_is_a_400_with_an_openai_error_body(
 
 def test_import_error_names_the_line(client: httpx.Client) -> None:
     body = b"\n".join([client.get("/v1/memory/export").content.splitlines()[0], b'{"kind": "entry"}'])
-    assert "line 2" in _error(client.post("/v1/memory/import", content=body), 400)["message"]
+    assert "line 2" in _error(client.post("/v1/memory/import", content=body, headers=NDJSON), 400)["message"]
 
 
 def test_wrong_method_is_not_a_500(client: httpx.Client) -> None:
     assert client.get("/v1/memory/add").status_code == 404  # read as an id that does not exist
-    assert client.put("/v1/memory/stats").status_code == 405
+    assert client.put("/v1/memory/stats", json={}).status_code == 405
 
 
 async def test_32_concurrent_adds_all_succeed(base_url: str, client: httpx.Client) -> None:
@@ -152,3 +158,56 @@ async def test_32_concurrent_adds_all_succeed(base_url: str, client: httpx.Clien
     assert [r.status_code for r in responses] == [200] * 32
     assert len({r.json()["id"] for r in responses}) == 32
     assert client.get("/v1/memory/stats").json()["num_entries"] == before + 32
+
+
+def _exported_entry(client: httpx.Client, question: str) -> dict:
+    memory_id = client.post("/v1/memory/add", json={**ADD, "question": question}).json()["id"]
+    for line in client.get("/v1/memory/export").content.splitlines():
+        record = msgspec.json.decode(line)
+        if record["id"] == memory_id:
+            return {**record, "id": f"{memory_id}-copy"}
+    raise AssertionError("the added memory is not in the export")
+
+
+def _embedding(values: np.ndarray) -> str:
+    return base64.b64encode(values.astype("<f4").tobytes()).decode()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"question_embedding": "nan"}, "non-finite"),
+    ({"question_embedding": "scaled"}, "not L2-normalised"),
+    ({"num_uses": 1, "num_successes": 2}, "must not exceed num_uses"),
+])
+def test_import_refuses_records_that_would_poison_a_bucket(client: httpx.Client, change: dict, message: str) -> None:
+    record = _exported_entry(client, f"poison {message}")
+    key = np.frombuffer(base64.b64decode(record["question_embedding"]), dtype="<f4").copy()
+    if change.get("question_embedding") == "nan":
+        key[3] = np.nan
+        change = {"question_embedding": _embedding(key)}
+    elif change.get("question_embedding") == "scaled":
+        change = {"question_embedding": _embedding(key * 1.5)}
+    before = client.get("/v1/memory/stats").json()["num_entries"]
+    body = msgspec.json.encode({**record, **change}) + b"\n"
+    assert message in _error(client.post("/v1/memory/import", content=body, headers=NDJSON), 400)["message"]
+    assert client.get("/v1/memory/stats").json()["num_entries"] == before
+    assert client.post("/v1/memory/search", json={"question": "poison"}).status_code == 200
+
+
+def test_chunked_body_over_the_cap_is_refused_while_streaming(client: httpx.Client) -> None:
+    sent = []
+
+    def chunks():  # no Content-Length: the server must count as it reads, and stop early
+        for _ in range(64):
+            sent.append(1)
+            yield b" " * (1 << 20)
+
+    response = client.post("/v1/memory/add", content=chunks(), headers={"content-type": "application/json"})
+    assert _error(response, 413)["code"] == "payload_too_large"
+    assert ServerConfig().max_body_bytes < (1 << 20) * 64
+
+
+def test_cross_site_text_plain_post_is_415(client: httpx.Client) -> None:
+    before = client.get("/v1/memory/stats").json()["num_entries"]
+    response = client.post("/v1/memory/add", content=msgspec.json.encode(ADD), headers={"content-type": "text/plain"})
+    assert _error(response, 415)["code"] == "unsupported_media_type"
+    assert client.get("/v1/memory/stats").json()["num_entries"] == before

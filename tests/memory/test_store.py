@@ -232,3 +232,22 @@ def test_entry_json_carries_every_field(rng: Generator) -> None:
     entry = make_entry(unit(rng), num_uses=3, num_successes=2, trajectory="t")
     decoded = msgspec.json.decode(msgspec.json.encode(entry))
     assert set(decoded) == {"kind", *entry.__struct_fields__}
+
+
+def test_the_store_never_passes_max_num_stored(new_store: StoreOpener, tmp_path: Path, rng: Generator) -> None:
+    """Whatever the clear policy, a write that would pass the hard capacity first clears the lowest-value
+    memories (the "cap" rule) down to ``clear_to_fraction``, in the same journaled change."""
+    config = memory_config(max_num_stored=10, clear_to_fraction=0.5)
+    store = new_store(tmp_path, config)
+    ids = [store.add(make_entry(unit(rng), question=f"q{i}")).id for i in range(10)]
+    store.record_outcome(ids[:3], True)  # the valuable ones
+    newest = store.add(make_entry(unit(rng), question="one too many")).id
+    kept = {r.id for r in store.export_records()}
+    assert len(kept) == 5 and newest in kept and set(ids[:3]) <= kept
+    with pytest.raises(InvalidMemory, match="max_num_stored"):
+        store.import_records([make_entry(unit(rng), question=f"imported {i}") for i in range(11)])
+    store.import_records([make_entry(unit(rng), question=f"imported {i}") for i in range(8)])
+    assert len(store) <= 10
+    before = state_of(store)
+    store.close()
+    assert state_of(new_store(tmp_path, config)) == before  # the clearing was journaled with the write

@@ -29,7 +29,7 @@ def _adapters(server) -> list[dict]:
 
 def _publish(server, role: str, path: Path) -> httpx.Response:
     return httpx.post(f"{server.openai_url}/adapters/{role}", json={"path": str(path)},
-                      headers={"Authorization": f"Bearer {server.api_key}"}, timeout=60)
+                      headers={"Authorization": f"Bearer {server.admin_key}"}, timeout=60)
 
 
 def _engine_pids(server) -> set[int]:

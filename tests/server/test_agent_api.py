@@ -17,8 +17,9 @@ def _metric(server, line_prefix: str) -> float:
     return 0.0
 
 
-def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_client: OpenAI) -> None:
-    out = openai_client.chat.completions.create(
+def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_client: OpenAI,
+                                                            admin_openai_client: OpenAI) -> None:
+    out = admin_openai_client.chat.completions.create(
         model="mia", messages=QUESTION, extra_body={"rollouts": 4, "ground_truth": ["Seine"], "learn": True,
                                                     "return_trace": True})
     answer = out.choices[0].message.content
@@ -55,8 +56,12 @@ def test_research_streams_one_chunk_per_stage(openai_client: OpenAI) -> None:
 
 
 async def test_50_concurrent_research_queries_complete(async_openai_client) -> None:
+    """More than the research bound (server.admission.max_concurrent_research = 16): the rest are answered
+    429 with Retry-After, and a client that honours it (as the openai package does) gets every answer."""
+    client = async_openai_client.with_options(max_retries=1000)
+
     async def ask(i: int) -> str:
-        out = await async_openai_client.chat.completions.create(
+        out = await client.chat.completions.create(
             model="mia", messages=[{"role": "user", "content": f"Question {i}: who founded the oldest university?"}])
         return out.choices[0].message.content
 

@@ -125,24 +125,25 @@ def test_server_survives_bad_input(openai_client: OpenAI) -> None:
 
 def test_engine_not_ready_is_503(tmp_path, tiny_server) -> None:
     """An engine that cannot start, or a memory store another server holds, leaves the server up,
-    answering 503 with the reason."""
+    answering 503: with the reason to a client with the key, without it (no paths) on /health."""
     server = start_server(tmp_path, "tiny", "--engines.tiny.model=/nonexistent/model",
                           data_dir=tiny_server.data_dir)
     try:
         for _ in range(240):
             try:
-                health = httpx.get(f"{server.base_url}/health", timeout=5)
+                chat = post(server, {"model": "planner", "messages": PROMPT})
             except httpx.TransportError:
-                health = None
-            if health is not None and "engine start failed" in health.text:
+                chat = None
+            if chat is not None and "engine start failed" in chat.text:
                 break
             assert server.process.poll() is None, server.log_tail()
             import time
 
             time.sleep(0.5)
-        error = assert_error(health, 503, code="engine_not_ready")
+        error = assert_error(chat, 503, code="engine_not_ready")
         assert "nonexistent" in error["message"]
-        assert_error(post(server, {"model": "planner", "messages": PROMPT}), 503, code="engine_not_ready")
+        health = assert_error(httpx.get(f"{server.base_url}/health", timeout=5), 503, code="engine_not_ready")
+        assert "nonexistent" not in health["message"] and str(tiny_server.data_dir) not in health["message"]
         stats = httpx.get(f"{server.openai_url}/memory/stats", headers={"Authorization": f"Bearer {server.api_key}"})
         assert "memory store failed to open" in assert_error(stats, 503, code="memory_not_ready")["message"]
     finally:

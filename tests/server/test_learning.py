@@ -23,7 +23,7 @@ def _first_token(client: OpenAI) -> dict[str, float]:
 
 def _post(server, path: str, body: dict | None = None) -> httpx.Response:
     return httpx.post(f"{server.openai_url}{path}", json=body or {}, timeout=300,
-                      headers={"Authorization": f"Bearer {server.api_key}"})
+                      headers={"Authorization": f"Bearer {server.admin_key}"})
 
 
 def _grpo(server, winner: str, losers: list[str], reward: str = "1.0") -> httpx.Response:
@@ -31,7 +31,7 @@ def _grpo(server, winner: str, losers: list[str], reward: str = "1.0") -> httpx.
     completions = [{"text": winner, "reward": "REWARD"}] + [{"text": t, "reward": 0.0} for t in losers]
     body = json.dumps({"groups": [{"messages": PROMPT, "completions": completions}]}).replace('"REWARD"', reward)
     return httpx.post(f"{server.openai_url}/adapters/planner/grpo", content=body, timeout=300,
-                      headers={"Authorization": f"Bearer {server.api_key}", "Content-Type": "application/json"})
+                      headers={"Authorization": f"Bearer {server.admin_key}", "Content-Type": "application/json"})
 
 
 def _pids(server) -> set[int]:
@@ -98,7 +98,7 @@ def test_bad_learning_requests(own_server) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("groups")
 
 
-def test_learning_questions_feed_online_updates(own_server, own_openai_client: OpenAI) -> None:
+def test_learning_questions_feed_online_updates(own_server, own_admin_openai_client: OpenAI) -> None:
     def updates() -> float:
         total = 0.0
         for line in httpx.get(f"{own_server.base_url}/metrics").text.splitlines():
@@ -108,7 +108,7 @@ def test_learning_questions_feed_online_updates(own_server, own_openai_client: O
 
     before = updates()
     for i in range(2):  # learner.batch_size = 2 in configs/tiny.toml
-        own_openai_client.chat.completions.create(
+        own_admin_openai_client.chat.completions.create(
             model="mia", messages=[{"role": "user", "content": f"Which city is on river number {i}?"}],
             extra_body={"rollouts": 4, "learn": True, "ground_truth": ["Paris"]})
     for _ in range(100):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import httpx
 
 
-def _call(server, method: str, path: str, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {server.api_key}"}
+def _call(server, method: str, path: str, *, headers: dict | None = None, **kwargs) -> httpx.Response:
+    """Writes (add, delete) need the admin key; reads work with it too."""
+    headers = {"Authorization": f"Bearer {server.admin_key}", **(headers or {})}
     return httpx.request(method, f"{server.openai_url}/memory{path}", headers=headers, timeout=60, **kwargs)
 
 
@@ -37,5 +38,6 @@ def test_memory_bad_input_is_4xx(tiny_server) -> None:
     response = _call(tiny_server, "POST", "/add", json={"question": "", "workflow_summary": "x", "label": "maybe"})
     assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-    assert _call(tiny_server, "POST", "/search", content=b"{oops").status_code == 400
+    assert _call(tiny_server, "POST", "/search", content=b"{oops",
+                 headers={"Content-Type": "application/json"}).status_code == 400
     assert httpx.get(f"{tiny_server.openai_url}/memory/stats").status_code == 401  # behind --api-key too

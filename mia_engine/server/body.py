@@ -1,0 +1,37 @@
+"""The one request-body reader of every route: a byte cap enforced while the body streams in.
+
+A declared ``Content-Length`` over the cap is refused before anything is read; a chunked body (no
+length) is counted chunk by chunk and refused as soon as it passes the cap, so no route ever holds
+more than ``max_bytes`` (plus one chunk) of a client's body in memory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.requests import Request
+
+from .errors import BadRequest, PayloadTooLarge, decode_body
+
+
+def _too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than {max_bytes} bytes.", code="payload_too_large")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest("Content-Length is not a number.")
+        if int(declared) > max_bytes:
+            raise _too_large(max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+    return bytes(body)
+
+
+async def read_json(request: Request, max_bytes: int, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
+    """A capped body decoded and validated into the decoder's struct (400 naming the field otherwise)."""
+    return decode_body(await read_body(request, max_bytes), decoder)

@@ -1,0 +1,68 @@
+"""Size limits of a chat request, checked before any work starts; each refusal names its field."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..config import LimitsConfig
+from .errors import BadRequest
+from .protocol import ChatCompletionRequest
+
+
+def _over(param: str, what: str, limit: int) -> BadRequest:
+    return BadRequest(f"{what} is more than this server allows ({limit}).", param=param, code="limit_exceeded")
+
+
+def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
+    """Every per-request cap of ``LimitsConfig`` that a chat body can break (``n`` is the caller's)."""
+    for param in ("max_tokens", "max_completion_tokens"):
+        value = getattr(request, param)
+        if value is not None and value > limits.max_tokens:
+            raise _over(param, f"{param} = {value}", limits.max_tokens)
+    if request.rollouts is not None and request.rollouts > limits.max_rollouts:
+        raise _over("rollouts", f"rollouts = {request.rollouts}", limits.max_rollouts)
+    _check_stop(request.stop, limits)
+    _check_structured(request, limits)
+    _check_ground_truth(request.ground_truth, limits)
+
+
+def _check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if len(stops) > limits.max_stop_sequences:
+        raise _over("stop", f"{len(stops)} stop sequences", limits.max_stop_sequences)
+    if any(len(s) > limits.max_stop_chars for s in stops):
+        raise _over("stop", "A stop sequence's length", limits.max_stop_chars)
+
+
+def _check_structured(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
+    so, fmt = request.structured_outputs, request.response_format
+    if so is not None:
+        if so.regex is not None and len(so.regex) > limits.max_regex_chars:
+            raise _over("structured_outputs.regex", "The regex's length", limits.max_regex_chars)
+        if so.choice is not None:
+            if len(so.choice) > limits.max_choices:
+                raise _over("structured_outputs.choice", f"{len(so.choice)} choices", limits.max_choices)
+            if any(len(c) > limits.max_choice_chars for c in so.choice):
+                raise _over("structured_outputs.choice", "A choice's length", limits.max_choice_chars)
+        _check_schema("structured_outputs.json", so.json, limits)
+    if fmt is not None and fmt.json_schema is not None:
+        _check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits)
+
+
+def _check_schema(param: str, schema: dict | str | None, limits: LimitsConfig) -> None:
+    if schema is None:
+        return
+    size = len(schema.encode()) if isinstance(schema, str) else len(msgspec.json.encode(schema))
+    if size > limits.max_json_schema_bytes:
+        raise _over(param, f"The JSON schema ({size} bytes)", limits.max_json_schema_bytes)
+
+
+def _check_ground_truth(truth: str | list[str] | None, limits: LimitsConfig) -> None:
+    answers = [truth] if isinstance(truth, str) else truth or []
+    if sum(len(a) for a in answers) > limits.max_ground_truth_chars:
+        raise _over("ground_truth", "The ground truth's length", limits.max_ground_truth_chars)
+
+
+def check_question(question: str, param: str, limits: LimitsConfig) -> None:
+    if len(question) > limits.max_question_chars:
+        raise _over(param, f"The question's length ({len(question)} characters)", limits.max_question_chars)

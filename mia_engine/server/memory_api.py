@@ -1,0 +1,138 @@
+"""HTTP routes of the Memory Manager under ``/v1/memory``, over a ``MemoryService``.
+
+Reads (search, get, stats) need the API key; writes, imports, exports and deletes need the admin
+key. Every route takes a ``/v1/memory`` admission slot. Each handler turns the store's own errors
+into OpenAI-style error bodies itself, so the routes are correct mounted alone (behind the
+``SecurityMiddleware``); the main app's exception handler then only sees what they did not anticipate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute
+
+from ..config import AdmissionConfig, ServerConfig
+from ..memory.embedder import EncoderBusy
+from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemoryStats, MemoryStoreError,
+                              MemoryUnavailable, RecordTooLarge)
+from ..memory.jsonl import encode_jsonl
+from ..memory.protocol import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest, SearchResponse,
+                               memory_view, search_response)
+from ..memory.service import MemoryService
+from .admission import Admission
+from .body import read_body, read_json
+from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests, Unavailable
+from .openapi import ApiRoute
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_ADD = msgspec.json.Decoder(AddRequest)
+_SEARCH = msgspec.json.Decoder(SearchRequest)
+
+
+def memory_routes(service: MemoryService, config: ServerConfig | None = None,
+                  admission: Admission | None = None) -> list[BaseRoute]:
+    """The ``/v1/memory`` routes; fixed paths come before ``/{memory_id}`` so they are never read as ids."""
+    config = config or ServerConfig()
+    handlers = _MemoryHandlers(service, config)
+    api = _Guard(admission or Admission(config.admission), config.admission)
+    return [
+        ApiRoute("/v1/memory/add", api(handlers.add), method="POST", summary="Store a workflow memory",
+                 request_type=AddRequest, response_type=AddResult, is_admin=True),
+        ApiRoute("/v1/memory/search", api(handlers.search), method="POST", summary="Top memories of a question",
+                 request_type=SearchRequest, response_type=SearchResponse),
+        ApiRoute("/v1/memory/export", api(handlers.export), method="GET", summary="Every record, as JSON lines",
+                 media_type="application/x-ndjson", is_admin=True),
+        ApiRoute("/v1/memory/import", api(handlers.import_), method="POST",
+                 summary="Upsert exported records (JSON lines)", response_type=ImportResponse, is_admin=True),
+        ApiRoute("/v1/memory/stats", api(handlers.stats), method="GET", summary="Store summary",
+                 response_type=MemoryStats),
+        ApiRoute("/v1/memory/{memory_id}", api(handlers.get), method="GET", summary="One memory",
+                 response_type=MemoryView),
+        ApiRoute("/v1/memory/{memory_id}", api(handlers.delete), method="DELETE", summary="Delete a memory",
+                 response_type=DeleteResponse, is_admin=True),
+    ]
+
+
+class _MemoryHandlers:
+    def __init__(self, service: MemoryService, config: ServerConfig) -> None:
+        self._service = service
+        self._max_body_bytes = config.max_body_bytes
+
+    async def add(self, request: Request) -> Response:
+        return _json(await self._service.add(await read_json(request, self._max_body_bytes, _ADD)))
+
+    async def search(self, request: Request) -> Response:
+        body: SearchRequest = await read_json(request, self._max_body_bytes, _SEARCH)
+        result = await self._service.search(
+            body.question,
+            caption=body.caption,
+            category=body.category,
+            modality=body.modality,
+            num_positive=body.num_positive,
+            num_negative=body.num_negative,
+        )
+        return _json(search_response(result))
+
+    async def get(self, request: Request) -> Response:
+        return _json(memory_view(await self._service.get(request.path_params["memory_id"])))
+
+    async def delete(self, request: Request) -> Response:
+        memory_id = request.path_params["memory_id"]
+        await self._service.delete(memory_id)
+        return _json(DeleteResponse(memory_id))
+
+    async def export(self, request: Request) -> Response:
+        records = await self._service.export_records()  # a consistent cut, encoded while streaming
+        return StreamingResponse(encode_jsonl(records), media_type="application/x-ndjson")
+
+    async def import_(self, request: Request) -> Response:
+        body = await read_body(request, self._service.config.max_import_bytes)
+        return _json(ImportResponse(await self._service.import_jsonl(body)))
+
+    async def stats(self, request: Request) -> Response:
+        return _json(await self._service.stats())
+
+
+class _Guard:
+    """Admission plus the mapping of the store's errors to 4xx/503 bodies, around each handler."""
+
+    def __init__(self, admission: Admission, config: AdmissionConfig) -> None:
+        self._admission = admission
+        self._limit = config.max_concurrent_memory
+        self._retry_after_s = config.retry_after_s
+
+    def __call__(self, handler: Handler) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            try:
+                with self._admission.slot("route:memory", self._limit):
+                    return await handler(request)
+            except APIError as err:
+                return err.to_response()
+            except MemoryStoreError as err:
+                return _store_error(err).to_response()
+            except EncoderBusy as err:
+                return TooManyRequests(str(err), retry_after_s=self._retry_after_s).to_response()
+
+        return endpoint
+
+
+def _store_error(err: MemoryStoreError) -> APIError:
+    if isinstance(err, MemoryNotFound):
+        return NotFound(str(err), code="memory_not_found")
+    if isinstance(err, RecordTooLarge):
+        return PayloadTooLarge(str(err), code="record_too_large")
+    if isinstance(err, InvalidMemory):
+        return BadRequest(str(err))
+    if isinstance(err, MemoryUnavailable):
+        return Unavailable(str(err), code="memory_not_ready")  # behind the API key: the reason helps operators
+    return Unavailable("the memory store cannot serve this request (details are in the server log)",
+                       code="memory_error")
+
+
+def _json(value: object) -> Response:
+    return Response(msgspec.json.encode(value), media_type="application/json")

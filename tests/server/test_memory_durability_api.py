@@ -1,0 +1,48 @@
+"""The issue's reproduction over HTTP: an oversized memory write followed by a small one, then kill -9 of
+the server's whole process group. The oversized write must be refused (413), the small one must survive."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import start_server, stop_server, wait_ready
+
+MAX_RECORD_BYTES = 64 * 1024
+ADD = {"question": "Which river flows through Vienna?", "workflow_summary": "1. **search** (-> Danube)",
+       "label": "correct"}
+
+
+def _add(server, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.openai_url}/memory/add", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {server.admin_key}"})
+
+
+@pytest.mark.slow
+def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
+    args = (f"--memory.durability.max_record_bytes={MAX_RECORD_BYTES}",)
+    server = start_server(tmp_path, "tiny", *args, new_session=True)
+    try:
+        wait_ready(server)
+        huge = _add(server, {**ADD, "trajectory": "x" * (2 * MAX_RECORD_BYTES)})  # under the body cap
+        assert huge.status_code == 413 and huge.json()["error"]["code"] == "record_too_large", huge.text
+        small = _add(server, ADD)
+        assert small.status_code == 200
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+    finally:
+        if server.process.poll() is None:
+            stop_server(server)
+    restarted = start_server(tmp_path, "tiny", *args, data_dir=server.data_dir)
+    try:
+        wait_ready(restarted)
+        got = httpx.get(f"{restarted.openai_url}/memory/{small.json()['id']}",
+                        headers={"Authorization": f"Bearer {restarted.api_key}"})
+        assert got.status_code == 200 and got.json()["question"] == ADD["question"]
+        assert "corrupt tail" not in restarted.log_path.read_text()
+    finally:
+        stop_server(restarted)
