@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
+from mia_engine.doctor import cuda_seconds  # noqa: E402
 from mia_engine.memory.config import ScoreWeights  # noqa: E402
 
 WEIGHTS = ScoreWeights()
@@ -377,7 +378,7 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
     device = torch.device("cuda")
     src = torch.empty(256 * 2**20, dtype=torch.float32, device=device)  # 1 GiB
     dst = torch.empty_like(src)
-    copy_s = _cuda_time(lambda: dst.copy_(src))
+    copy_s = cuda_seconds(lambda: dst.copy_(src))
     bandwidth = 2 * src.nbytes / copy_s  # read + write bytes per second
     del src, dst
     lines = ["| N | B | captions | triton ms | floor ms | % of floor | effective GB/s |",
@@ -390,7 +391,7 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
             kwargs = {**on_gpu, "query_q": on_gpu["query_q"][:batch],
                       "query_c": None if on_gpu["query_c"] is None else on_gpu["query_c"][:batch],
                       "has_caption": None if on_gpu["has_caption"] is None else on_gpu["has_caption"][:batch]}
-            seconds = _cuda_time(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"))
+            seconds = cuda_seconds(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"))
             # Embeddings once, the per-entry vectors once, Sim written then read back once.
             num_matrices = 2 if has_captions else 1
             num_bytes = num_matrices * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
@@ -398,20 +399,6 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
             lines.append(f"| {num_entries:,} | {batch} | {'yes' if has_captions else 'no'} | {seconds * 1e3:.3f} "
                          f"| {floor * 1e3:.3f} | {100 * floor / seconds:.0f}% | {num_bytes / seconds / 1e9:.0f} |")
     return f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)\n\n" + "\n".join(lines)
-
-
-def _cuda_time(fn: Callable[[], object], repeats: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

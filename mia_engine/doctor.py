@@ -87,7 +87,7 @@ def check_kernel(device: str, is_small: bool) -> Check:
     if device == "cpu":
         return Check("memory kernel", "PASS", f"{num_entries}x{dim} fp16 under the Triton interpreter matches the "
                      "torch reference (no GPU: time vs bandwidth floor not measured)")
-    seconds = _cuda_seconds(lambda: memory_topk(**on_device, backend="triton"))
+    seconds = cuda_seconds(lambda: memory_topk(**on_device, backend="triton"))
     floor = (num_entries * dim * 2 + num_entries * 9 + 2 * num_entries * 4) / _copy_bandwidth()
     return Check("memory kernel", "PASS", f"{num_entries}x{dim} fp16 matches the reference; {seconds * 1e3:.3f} ms "
                  f"= {seconds / floor:.2f}x the bandwidth floor ({floor * 1e3:.3f} ms; goal <= 2x)")
@@ -190,11 +190,12 @@ def _copy_bandwidth() -> float:
 
     src = torch.empty(256 * 2**20, dtype=torch.float32, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    seconds = _cuda_seconds(lambda: dst.copy_(src))
+    seconds = cuda_seconds(lambda: dst.copy_(src))
     return 2 * src.nbytes / seconds  # read + write bytes per second
 
 
-def _cuda_seconds(fn: Callable[[], object], repeats: int = 20) -> float:
+def cuda_seconds(fn: Callable[[], object], repeats: int = 20) -> float:
+    """Median seconds of ``fn`` on the GPU (CUDA events), after one warm-up call."""
     import statistics
 
     import torch

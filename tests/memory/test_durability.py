@@ -158,22 +158,30 @@ def test_kill_9_loses_no_acknowledged_write(tmp_path: Path) -> None:
 
 def _run_writer_and_kill(data_dir: Path, *, seed: int, after_s: float) -> list[str]:
     """Start the writer, SIGKILL it ``after_s`` after it is ready; return its complete ack lines."""
+    return _kill_after(data_dir, [sys.executable, str(WRITER), str(data_dir), str(seed)], after_s, group=False)
+
+
+def _kill_after(data_dir: Path, cmd: list[str], after_s: float, *, group: bool) -> list[str]:
+    """Run ``cmd`` until it prints "ready", SIGKILL it (its whole process group with ``group``) ``after_s``
+    later, and return the complete lines it printed (the last piece may be a torn line)."""
     env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    process = subprocess.Popen(
-        [sys.executable, str(WRITER), str(data_dir), str(seed)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
+                               start_new_session=group)
     try:
         ready = process.stdout.readline()
         assert ready == b"ready\n", process.stderr.read().decode(errors="replace")
         time.sleep(after_s)
-        os.kill(process.pid, signal.SIGKILL)
+        if group:
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            os.kill(process.pid, signal.SIGKILL)
         out, _ = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert process.returncode == -signal.SIGKILL
-    return [line.decode() for line in out.split(b"\n")[:-1]]  # the last piece may be a torn line
+    return [line.decode() for line in out.split(b"\n")[:-1]]
 
 
 def _reopen_writer_store(path: Path) -> ExperienceStore:
@@ -257,22 +265,8 @@ def test_20_process_group_kills_during_concurrent_writes_of_any_size(tmp_path: P
 
 
 def _run_group_and_kill(data_dir: Path, *, seed: int, after_s: float) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    process = subprocess.Popen([sys.executable, "-m", "tests.memory._concurrent_writer", str(data_dir), str(seed)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT,
-                               start_new_session=True)
-    try:
-        ready = process.stdout.readline()
-        assert ready == b"ready\n", process.stderr.read().decode(errors="replace")
-        time.sleep(after_s)
-        os.killpg(process.pid, signal.SIGKILL)
-        out, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == -signal.SIGKILL
-    return [line.decode() for line in out.split(b"\n")[:-1]]  # the last piece may be a torn line
+    cmd = [sys.executable, "-m", "tests.memory._concurrent_writer", str(data_dir), str(seed)]
+    return _kill_after(data_dir, cmd, after_s, group=True)
 
 
 def test_a_change_over_the_record_limit_is_refused_unwritten(tmp_path: Path) -> None:
