@@ -27,10 +27,15 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     num_threads: int = 1
     """Torch intra-op threads of the serving process once the learner is loaded (0 = leave torch's
     default). On a CPU box the learner shares cores with the vLLM worker: one thread kept chat p99 under
-    updates much steadier than two on 2 cores (bench/RESULTS.md). torch's pool is per process, so the
-    sentence encoder gets the same budget."""
+    updates much steadier than two on 2 cores (bench/RESULTS.md). It applies to threads that start
+    torch work after the learner loads; the sentence encoder's thread, loaded and warmed before, keeps
+    the process default (the passage index builds at full speed)."""
     batch_size: int = 32
     """Questions (rollout groups of G) gathered per GRPO update of online test-time learning (paper: 32)."""
+    max_queued_updates: int = 2
+    """Updates waiting or running at most. A full batch that finds this many waits for one to finish
+    (backpressure on the learning requests, as the reference's batch t+1 waits for t's update) instead of
+    piling up batches of samples in memory."""
     device: str = "cpu"
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
@@ -88,6 +93,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         _require(bool(self.device.strip()), "learner.device must not be empty")
         _require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
+        _require(self.max_queued_updates >= 1, f"learner.max_queued_updates must be >= 1, got {self.max_queued_updates}")
         _require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
         _require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
         _require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")

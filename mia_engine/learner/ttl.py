@@ -117,13 +117,17 @@ class TestTimeLearner:
         return self._learner is not None
 
     async def submit(self, group: list[GRPOSample]) -> None:
-        """Queue one question's rollouts; a full batch starts an update in the background."""
+        """Queue one question's rollouts; a full batch starts an update in the background, after waiting
+        while ``max_queued_updates`` are already queued (the backlog stays bounded)."""
         self._pending.append(group)
-        if len(self._pending) >= self.config.batch_size:
-            batch, self._pending = self._pending, []
-            task = asyncio.ensure_future(self.update([s for g in batch for s in g]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if len(self._pending) < self.config.batch_size:
+            return
+        batch, self._pending = self._pending, []
+        while len(self._tasks) >= self.config.max_queued_updates:
+            await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.ensure_future(self.update([s for g in batch for s in g]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def flush(self) -> None:
         """Update on a partial batch too, and wait for every update in flight (end of a TTL epoch)."""

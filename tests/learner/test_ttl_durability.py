@@ -201,3 +201,28 @@ async def test_operator_adapter_is_validated_and_becomes_the_starting_point(tiny
         assert report.is_published and report.step.version == 2
     finally:
         ttl.close()
+
+
+async def test_the_update_backlog_is_bounded(tmp_path: Path) -> None:
+    """Learning requests that fill batches faster than updates finish wait for the learner (the
+    reference's batch t+1 waits for t) instead of queueing an unbounded number of updates."""
+    config = LearnerConfig(batch_size=1, max_queued_updates=2)
+    ttl = TestTimeLearner(config, AdapterRegistry(), tmp_path / "checkpoints")
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def slow_update(samples):  # stands in for the GRPO step; pure scheduling logic here
+        started.append(len(samples))
+        await release.wait()
+
+    ttl.update = slow_update
+    await ttl.submit(["a"])
+    await ttl.submit(["b"])
+    third = asyncio.ensure_future(ttl.submit(["c"]))
+    await asyncio.sleep(0.05)
+    assert len(ttl._tasks) == 2 and not third.done()  # the third batch waits: two updates are queued
+    release.set()
+    await asyncio.wait_for(third, timeout=5)
+    await ttl.flush()
+    assert started == [1, 1, 1] and not ttl._tasks  # nothing was dropped
+    ttl.close()
