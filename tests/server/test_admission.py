@@ -39,6 +39,7 @@ async def _timed(http: httpx.AsyncClient, body: dict) -> tuple[httpx.Response, f
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # may pay the shared server's start (a fixture's setup counts) before its own 580 s
 async def test_200_chat_and_32_research_requests_at_once(tiny_server, record_property) -> None:
     limits = httpx.Limits(max_connections=NUM_CHAT + NUM_RESEARCH + 8)
     headers = {"Authorization": f"Bearer {tiny_server.api_key}"}
