@@ -101,9 +101,9 @@ class ResearchAgent:
         emit("plan_chosen", {"index": chosen, "plan": prompts.truncate_words(plans[chosen], 80)})
         with clock("execute"):
             runs = await asyncio.gather(*(
-                self.runner.run(request.question, plan_prompt, c, i, emit, request.data_id,
+                self.runner.run(request.question, plan_prompt, c, plan, i, emit, request.data_id,
                                 explore=request.is_exploring, affinity=affinity)
-                for i, c in enumerate(completions)))
+                for i, (c, plan) in enumerate(zip(completions, plans))))
         rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                     for plan, (trajectory, ex, rf) in zip(plans, runs)]
         new_ids: list[str] = []

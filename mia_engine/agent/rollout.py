@@ -70,15 +70,15 @@ class RolloutRunner:
                               for allow in (True, False)}
         self._answer_regex = executor_turn_regex([], **regex_limits)
 
-    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, index: int,
-                  emit: Emit, data_id: str = "", *, explore: bool = False,
+    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, plan: str,
+                  index: int, emit: Emit, data_id: str = "", *, explore: bool = False,
                   affinity: str | None = None) -> tuple[Trajectory, float, float]:
-        """(trajectory, executor seconds, reflection seconds) of one plan; without a plan (None) the
+        """(trajectory, executor seconds, reflection seconds) of one plan (``plan``: its visible text, as the
+        loop stripped it from ``plan_completion``); without a completion (None) the
         Executor runs plain ReAct: no guide, no reflection. ``explore``: the Planner's reflection and
         replan are sampled from the policy as the learner scores them (the rollout temperature,
         unconstrained), not greedily. ``affinity``: the question's replica key; the Planner's turns use it
         (they continue the G-plan request's prefix), the Executor's turns add the rollout index."""
-        plan = strip_think(plan_completion.text) if plan_completion is not None else ""
         planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [])
         context = ToolContext(data_id)
         executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan or None)
