@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mia_engine.agent.protocol import (
     ExecutorTurn,
@@ -152,6 +154,21 @@ def test_regex_accepts_well_formed_turns(text):
     assert parse_executor_turn(text).is_well_formed  # whatever the regex lets through parses cleanly
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.from_regex(REGEX, fullmatch=True))
+def test_every_turn_the_regex_allows_parses_as_well_formed(text):
+    """What structured outputs let the model write must parse (a query with a raw control character
+    once did not: valid per the regex, invalid JSON, and the turn was lost)."""
+    turn = parse_executor_turn(text)
+    assert turn.is_well_formed, (text, turn.tool_call_error)
+
+
+def test_a_raw_control_character_in_a_query_is_read_not_refused():
+    turn = parse_executor_turn('<think>t</think>\n<tool_call>\n{"name": "search", "arguments": '
+                               '{"query_list": ["a\tb\x08c"]}}\n</tool_call>')
+    assert turn.tool_call == ToolCall("search", {"query_list": ["a\tb\x08c"]})
+
+
 @pytest.mark.parametrize("text", [
     "<answer>Lima</answer>",                                                      # no think
     "<think>t</think>\n<answer>Lima</answer><answer>again</answer>",              # two actions
@@ -162,6 +179,7 @@ def test_regex_accepts_well_formed_turns(text):
     '<think>t</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a", "b", "c", "d"]}}\n</tool_call>',
     "<think>t <answer>x</answer></think>\n<answer>y</answer>",                    # tag inside think
     "<think>t</think>\n" + CALL + "\ntrailing",
+    '<think>t</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["a\x08b"]}}\n</tool_call>',
 ])
 def test_regex_rejects_malformed_turns(text):
     assert re.fullmatch(REGEX, text) is None
