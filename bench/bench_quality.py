@@ -27,7 +27,7 @@ from mia_engine.agent.llm import complete, sampling_options  # noqa: E402
 from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.data import load_dataset  # noqa: E402
-from mia_engine.serve import Services  # noqa: E402
+from mia_engine.services import Services  # noqa: E402
 
 # Budgets for a 135M model on 2 CPU cores (the paper's are for 7-32B models on GPUs).
 OVERRIDES = {

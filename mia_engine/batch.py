@@ -18,7 +18,7 @@ from .agent.judge import is_match
 from .agent.loop import ResearchRequest, ResearchResult
 from .config import MIAConfig
 from .data import Question, load_dataset
-from .serve import Services
+from .services import Services, with_services
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +79,6 @@ async def _answer_all(services: Services, questions: list[Question], out: Path, 
 def _mean(values: Any) -> float:
     values = [float(v) for v in values if v is not None]
     return sum(values) / len(values) if values else 0.0
-
-
-async def with_services(config: MIAConfig, work: Any) -> Any:
-    """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
-    services = Services(config)
-    await services.start()
-    try:
-        for name, component in (("engines", services.roles), ("memory", services.memory),
-                                ("agent", services.agent)):
-            if not component.is_ready():
-                raise SystemExit(f"python -m mia_engine: error: {name} did not start: {component.not_ready_reason()}")
-        return await work(services)
-    finally:
-        await services.stop()
 
 
 def run(config: MIAConfig, dataset: str, out: Path, *, concurrency: int, rollouts: int, limit: int | None) -> None:

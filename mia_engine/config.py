@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from .agent.config import AgentConfig, ToolsConfig
+from .agent.config import AgentConfig
 from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
+from .tools.config import ToolsConfig
 
 RESERVED_MODEL_IDS = frozenset({"mia"})
 """Model ids that are not roles or engines: ``mia`` is the research agent."""

@@ -38,7 +38,7 @@ from .config import MIAConfig
 from .data import NAMED_DATASETS, Question, load_dataset, named_dataset_path, read_rows, row_question
 
 if TYPE_CHECKING:  # the services (vLLM) load only when a pass runs: ``--help`` stays fast
-    from .serve import Services
+    from .services import Services
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def fresh_config(config: MIAConfig, root: Path, name: str) -> MIAConfig:
 async def evaluate(config: MIAConfig, questions: list[Question], modes: list[str], *, epochs: int,
                    concurrency: int) -> dict[str, Any]:
     """Every mode's passes, as {mode: PassResult} for baselines and {mode: [PassResult, ...]} for TTL."""
-    from .batch import with_services  # loads the services (vLLM): only when a pass runs
+    from .services import with_services  # loads the services (vLLM): only when a pass runs
 
     root = Path(tempfile.mkdtemp(prefix="mia-eval-"))
     results: dict[str, Any] = {}

@@ -6,14 +6,8 @@ from pathlib import Path
 
 from .config import MIAConfig
 from .memory.embedder import Embedder
-from .tools.corpus import build_index, load_corpus
+from .tools.corpus import build_index, index_root, load_corpus
 from .tools.search import embedder_name
-
-
-def index_root(config: MIAConfig) -> Path:
-    """Where passage indexes are cached: ``tools.index_dir``, else ``<data_dir>/tools/index``."""
-    tools = config.tools
-    return Path(tools.index_dir).expanduser() if tools.index_dir else config.resolved_data_dir() / "tools" / "index"
 
 
 def build(config: MIAConfig) -> Path:

@@ -6,12 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "layers.py"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: tools/ and agent/handle.py still import upward")
 def test_no_upward_imports() -> None:
     result = subprocess.run([sys.executable, str(SCRIPT), "--quiet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

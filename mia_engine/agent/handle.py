@@ -1,6 +1,6 @@
 """Wiring of the research agent at server start: the shared encoder, the tools (the passage index is
 built on first use, with a progress bar in the log) and the ``ResearchAgent`` over the engines and
-memory. Until it is up, model ``mia`` answers 503 with the reason."""
+memory. Until it is up, ``agent`` raises ``AgentUnavailable`` with the reason (the server answers 503)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import logging
 from typing import Any
 
 from ..config import MIAConfig
-from ..index import index_root
 from ..memory.embedder import Embedder
-from ..server.errors import Unavailable
-from ..tools.corpus import BuildProgress
+from ..tools.corpus import BuildProgress, index_root
 from ..tools.image import ImageSearch
 from ..tools.registry import Tools
 from ..tools.search import LocalSearch
@@ -20,6 +18,10 @@ from ..tools.web import WebSearch
 from .loop import OnLearn, ResearchAgent
 
 log = logging.getLogger(__name__)
+
+
+class AgentUnavailable(RuntimeError):
+    """The research agent is not up (starting, or failed to start); the message says why."""
 
 
 class AgentHandle:
@@ -92,5 +94,5 @@ class AgentHandle:
     @property
     def agent(self) -> ResearchAgent:
         if self._agent is None:
-            raise Unavailable(self.not_ready_reason(), code="engine_not_ready")
+            raise AgentUnavailable(self.not_ready_reason())
         return self._agent

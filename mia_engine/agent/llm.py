@@ -17,11 +17,7 @@ from .config import RoleSampling
 
 
 class ChatClient(EngineClient, Protocol):
-    """The engine interface plus the completion budget (``RoleClient`` provides both)."""
-
-    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
-        """The completion budget of a request; raises when the prompt leaves no room."""
-        ...
+    """The engine interface plus chat continuation in token space (``RoleServer`` provides both)."""
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         """``ids`` (a chat ending in an assistant completion) + a new user turn + the next assistant prompt,

@@ -26,6 +26,7 @@ from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choi
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from ..memory.entries import Rollout as MemoryRollout
+from ..tools.calls import truncate_words
 from ..tools.registry import Tools
 
 NO_ANSWER = "No answer was found."
@@ -98,7 +99,7 @@ class ResearchAgent:
         emit("plans", {"num_plans": len(plans)})
         with clock("route"):
             chosen = await self._route(request.question, plans) if request.use_planner else 0
-        emit("plan_chosen", {"index": chosen, "plan": prompts.truncate_words(plans[chosen], 80)})
+        emit("plan_chosen", {"index": chosen, "plan": truncate_words(plans[chosen], 80)})
         with clock("execute"):
             runs = await asyncio.gather(*(
                 self.runner.run(request.question, plan_prompt, c, plan, i, emit, request.data_id,
@@ -206,7 +207,7 @@ class ResearchAgent:
                                         sampling_options(self.config.manager))
         except ValueError:
             summary = ""
-        return prompts.truncate_words(strip_think(summary), self.config.summary_max_words) or rollout.plan[:500] or "-"
+        return truncate_words(strip_think(summary), self.config.summary_max_words) or rollout.plan[:500] or "-"
 
 
 def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:

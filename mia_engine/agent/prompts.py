@@ -10,11 +10,11 @@ renamed field fails loudly in tests instead of leaving ``{plan}`` in a prompt.
 from __future__ import annotations
 
 import json
-import re
 import string
 from collections.abc import Iterable, Sequence
 
-from .protocol import ExecutorTurn, Observation, Review
+from ..tools.calls import Observation, truncate_words
+from .protocol import ExecutorTurn, Review
 
 
 class TemplateError(KeyError):
@@ -296,16 +296,6 @@ def render_executor_prompt(tool_schemas: Iterable[dict], question: str, plan: st
     tools = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas)
     guide = GUIDE.render(plan=plan) if plan else ""
     return EXECUTOR.render(tools=tools, question=question) + guide
-
-
-def truncate_words(text: str, max_words: int, marker: str = " ... (truncated)") -> str:
-    """The first ``max_words`` whitespace-separated words, keeping the original line breaks; 0 = all."""
-    if max_words <= 0:
-        return text
-    for count, word in enumerate(re.finditer(r"\S+", text), 1):
-        if count == max_words + 1:
-            return text[: word.start()].rstrip() + marker
-    return text
 
 
 def render_trace(question: str, turns: Sequence[ExecutorTurn], observations: Sequence[Observation | None],

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..tools.calls import Observation, ToolCall
+
 Label = Literal["A", "B", "C"]
 """SimpleQA grades: A correct, B incorrect, C not attempted (the Area Chair uses A/B)."""
 VerdictSource = Literal["supervised", "unsupervised"]
@@ -21,23 +23,6 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 RESPONSE_OPEN = "<tool_response>"
-
-
-class ToolCall(msgspec.Struct, frozen=True):
-    """One call the Executor asked for: ``{"name": ..., "arguments": {...}}``."""
-
-    name: str
-    arguments: dict[str, Any] = {}
-
-
-class Observation(msgspec.Struct, frozen=True):
-    """What a tool returned, as the Executor will read it inside ``<tool_response>``."""
-
-    text: str
-    is_success: bool
-    tool: str = ""
-    images: list[str] = []
-    """Image files to show the Executor with the text (image search)."""
 
 
 class ExecutorTurn(msgspec.Struct, frozen=True):

@@ -20,8 +20,9 @@ from . import prompts
 from .config import AgentConfig
 from ..engines.protocol import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
-from .protocol import (ExecutorTurn, Observation, PlannerTokens, Trajectory, executor_turn_regex,
-                       parse_executor_turn, parse_yes_no, strip_think)
+from .protocol import (ExecutorTurn, PlannerTokens, Trajectory, executor_turn_regex, parse_executor_turn,
+                       parse_yes_no, strip_think)
+from ..tools.calls import Observation, truncate_words
 from ..tools.registry import ToolContext, Tools
 
 Messages = list[dict[str, str]]
@@ -114,7 +115,7 @@ class RolloutRunner:
         evidence = [o.text for o in run.observations if o is not None and o.is_success and o.tool == "search"]
         if self.config.answer_from != "evidence" or not evidence:
             return own
-        passages = prompts.truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
+        passages = truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
         text = prompts.EVIDENCE_ANSWER.render(passages=passages, question=run.question)
         # one line, no constraint: a bounded free-text regex costs xgrammar seconds to compile under load
         options = sampling_options(self.config.answer, stop=["\n"])
@@ -193,7 +194,7 @@ class RolloutRunner:
         run.num_tool_calls += 1
         run.num_successful_tool_calls += int(observation.is_success)
         emit("observation", {"rollout": index, "is_success": observation.is_success,
-                             "text": prompts.truncate_words(observation.text, 60)})
+                             "text": truncate_words(observation.text, 60)})
         return observation
 
     async def _reflect(self, question: str, planner: _PlannerTranscript, run: _Run, index: int,
@@ -221,7 +222,7 @@ class RolloutRunner:
         replan = strip_think(replan) if replan is not None else ""
         if not replan:
             return decision, ""
-        emit("replan", {"rollout": index, "replan": prompts.truncate_words(replan, 80)})
+        emit("replan", {"rollout": index, "replan": truncate_words(replan, 80)})
         return decision, replan
 
     async def _planner_turn(self, planner: _PlannerTranscript, user_text: str,

@@ -25,6 +25,10 @@ class EngineUnavailable(RuntimeError):
     """The engine behind the model is dead or shutting down."""
 
 
+class ContextLengthError(ValueError):
+    """The prompt (plus the requested completion) does not fit the model's context."""
+
+
 class ModelCard(msgspec.Struct, frozen=True):
     id: str
     owned_by: str
@@ -90,6 +94,11 @@ class EngineClient(Protocol):
     def not_ready_reason(self) -> str: ...
 
     def max_model_len(self, model: str) -> int: ...
+
+    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
+        """The completion budget of a request: ``requested``, or (None) the role's default capped by the
+        context left after the prompt. Raises ``ContextLengthError`` when the prompt leaves no room."""
+        ...
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
         """Apply the model's chat template (with the generation prompt) and tokenize."""

@@ -26,16 +26,12 @@ from ..config import MIAConfig, SamplingDefaults, resolve_role
 from ..models.cache import default_home
 from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
-from .protocol import (CompletionDelta, EngineUnavailable, InvalidGeneration, ModelCard, SamplingOptions,
-                       TokenLogprob, TopLogprob)
+from .protocol import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelCard,
+                       SamplingOptions, TokenLogprob, TopLogprob)
 from .startup import applied_env, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
-
-
-class ContextLengthError(ValueError):
-    """The prompt (plus the requested completion) does not fit the model's context."""
 
 
 @dataclass(frozen=True)

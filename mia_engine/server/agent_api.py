@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import ServerConfig
-from ..engines.roles import ContextLengthError
+from ..engines.protocol import ContextLengthError
 from .chat import AGENT_MODEL, flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
 from .limits import check_question
@@ -39,7 +40,9 @@ class AgentSource(Protocol):
     def not_ready_reason(self) -> str: ...
 
     @property
-    def agent(self) -> ResearchAgent: ...
+    def agent(self) -> ResearchAgent:
+        """The agent; raises ``AgentUnavailable`` until it is up."""
+        ...
 
     def default_rollouts(self) -> int: ...
 
@@ -76,7 +79,7 @@ class AgentChat:
         """Question and ground truth must leave room in every role's context (they are quoted in its prompts,
         beside memories and observations): at most a quarter of the smallest one, checked before any work
         so an over-long question is a 400 up front, not a failure after the research ran."""
-        agent = self.source.agent
+        agent = self._agent()
         roles = agent.config.roles
         models = {roles.planner, roles.executor, roles.manager, roles.judge, roles.router}
         budget = min(agent.client.max_model_len(m) for m in models) // 4
@@ -90,7 +93,7 @@ class AgentChat:
         start = time.perf_counter()
         status = "cancelled"
         try:
-            result = await self.source.agent.research(research)
+            result = await self._agent().research(research)
             status = "ok"
         except ContextLengthError as err:  # the research grew past a context after all: the client's input
             status = "error"
@@ -111,7 +114,7 @@ class AgentChat:
         def emit(stage: str, details: dict) -> None:
             events.put_nowait((stage, details))
 
-        task = asyncio.ensure_future(self.source.agent.research(research, emit))
+        task = asyncio.ensure_future(self._agent().research(research, emit))
         task.add_done_callback(lambda _: events.put_nowait(None))
         yield sse(encode(ChatCompletionChunk(chunk_id, created, AGENT_MODEL,
                                              [ChunkChoice(0, Delta(role="assistant", content=""))])))
@@ -136,6 +139,12 @@ class AgentChat:
                 task.cancel()
             self._record(status, start)
         yield b"data: [DONE]\n\n"
+
+    def _agent(self) -> ResearchAgent:
+        try:
+            return self.source.agent
+        except AgentUnavailable as err:
+            raise Unavailable(str(err), code="engine_not_ready") from None
 
     def _record(self, status: str, start: float) -> None:
         self.metrics.requests.labels(AGENT_MODEL, status).inc()

@@ -12,9 +12,8 @@ from typing import NamedTuple
 import msgspec
 
 from ..config import ServerConfig
-from ..engines.protocol import (CompletionDelta, EngineClient, EngineUnavailable, InvalidGeneration, SamplingOptions,
-                                TokenLogprob)
-from ..engines.roles import ContextLengthError
+from ..engines.protocol import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
+                                InvalidGeneration, SamplingOptions, TokenLogprob)
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable, decode_body
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
+from ..config import MIAConfig
 from ..data import read_rows
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,12 @@ def row_passage(row: dict[str, Any]) -> Passage | None:
 
 
 # ---- indexes ---------------------------------------------------------------------------------
+
+
+def index_root(config: MIAConfig) -> Path:
+    """Where passage indexes are cached: ``tools.index_dir``, else ``<data_dir>/tools/index``."""
+    tools = config.tools
+    return Path(tools.index_dir).expanduser() if tools.index_dir else config.resolved_data_dir() / "tools" / "index"
 
 
 def index_key(corpus: Corpus, embedder_name: str, passage_prefix: str = "") -> str:

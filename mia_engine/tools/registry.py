@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..agent.config import ToolsConfig
-from ..agent.prompts import truncate_words
-from ..agent.protocol import Observation, ToolCall
 from . import ToolUnavailable
+from .calls import Observation, ToolCall, truncate_words
+from .config import ToolsConfig
 from .image import ImageSearch, render_hits
 from .search import LocalSearch, render_results
 from .web import OFF_MESSAGE, WebSearch

@@ -13,17 +13,26 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..agent.config import ToolsConfig
-from ..agent.prompts import truncate_words
-from ..memory.embedder import TextEncoder
+from .calls import truncate_words
+from .config import ToolsConfig
 from .corpus import BuildProgress, Passage, build_index, load_corpus, load_index
 
 RESULT_SEPARATOR = "\n=======\n"
 """Between the results of several queries of one call (reference format)."""
+
+
+class QueryEncoder(Protocol):
+    """What local search needs from the sentence encoder: batch encoding to unit vectors, off the event
+    loop (``memory.embedder.Embedder`` has it; tools declare what they use rather than import memory)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    async def encode_async(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class _Request:
@@ -36,7 +45,7 @@ class _Request:
 class LocalSearch:
     """FAISS flat inner-product search over a built index, shared by all concurrent callers."""
 
-    def __init__(self, index_dir: str | Path, encoder: TextEncoder, *, batch_wait_ms: float = 2.0,
+    def __init__(self, index_dir: str | Path, encoder: QueryEncoder, *, batch_wait_ms: float = 2.0,
                  max_batch_queries: int = 512, query_prefix: str = "") -> None:
         self._index, self.passages, self.meta = load_index(index_dir)
         if self.meta.dim != encoder.dim:

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..agent.config import ToolsConfig
 from . import ToolUnavailable
+from .config import ToolsConfig
 from .corpus import Passage
 
 OFF_MESSAGE = "web search is off: set tools.serper_api_key and tools.serper_url"

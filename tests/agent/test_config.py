@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mia_engine.agent.config import AgentConfig, ToolsConfig
+from mia_engine.agent.config import AgentConfig
+from mia_engine.tools.config import ToolsConfig
 
 
 def test_defaults():

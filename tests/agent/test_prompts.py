@@ -8,7 +8,8 @@ import re
 import pytest
 
 from mia_engine.agent import prompts
-from mia_engine.agent.protocol import Observation, Review, parse_executor_turn
+from mia_engine.agent.protocol import Review, parse_executor_turn
+from mia_engine.tools.calls import Observation, truncate_words
 
 
 @pytest.mark.parametrize("template", prompts.TEMPLATES, ids=lambda t: t.name)
@@ -71,9 +72,9 @@ def test_trace_has_rounds_and_truncated_tool_results():
 
 
 def test_truncate_words_keeps_line_breaks():
-    assert prompts.truncate_words("a b\nc d", 3) == "a b\nc ... (truncated)"
-    assert prompts.truncate_words("a b", 2) == "a b"
-    assert prompts.truncate_words("", 2) == ""
+    assert truncate_words("a b\nc d", 3) == "a b\nc ... (truncated)"
+    assert truncate_words("a b", 2) == "a b"
+    assert truncate_words("", 2) == ""
 
 
 def test_router_and_reviews_rendering():

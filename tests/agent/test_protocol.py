@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from mia_engine.agent.protocol import (
     ExecutorTurn,
-    ToolCall,
     answer_or_text,
     executor_turn_regex,
     is_exact_yes_no,
@@ -24,6 +23,7 @@ from mia_engine.agent.protocol import (
     parse_yes_no,
     strip_think,
 )
+from mia_engine.tools.calls import ToolCall
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["capital of Peru"]}}\n</tool_call>'
 

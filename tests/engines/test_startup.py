@@ -14,7 +14,7 @@ from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env,
                                         start_groups, use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
-from mia_engine.serve import Services
+from mia_engine.services import Services
 
 
 def test_use_spawn_sets_and_overrides_fork() -> None:

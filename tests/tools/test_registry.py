@@ -8,9 +8,10 @@ import httpx
 import msgspec
 import pytest
 
-from mia_engine.agent.config import ToolsConfig
-from mia_engine.agent.protocol import ToolCall, parse_executor_turn
+from mia_engine.agent.protocol import parse_executor_turn
 from mia_engine.tools import ToolUnavailable
+from mia_engine.tools.calls import ToolCall
+from mia_engine.tools.config import ToolsConfig
 from mia_engine.tools.image import ImageSearch
 from mia_engine.tools.registry import ToolContext, Tools
 from mia_engine.tools.search import LocalSearch

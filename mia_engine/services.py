@@ -1,0 +1,128 @@
+"""Everything behind the HTTP app, in one object: the shared encoder, the memory store, the engines, the
+test-time learner and the research agent, started in order (``Services.start``) and stopped together.
+
+The server (``serve.py``) starts them after it listens; the batch commands (``batch.py``, ``evaluate.py``)
+run them in-process, with no HTTP, through ``with_services``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from .agent.handle import AgentHandle
+from .agent.protocol import Rollout
+from .config import MIAConfig, resolve_role
+from .engines.roles import RoleServer
+from .engines.startup import cuda_components
+from .learner.ttl import TestTimeLearner, rollout_samples
+from .memory.embedder import Embedder
+from .memory.handle import MemoryHandle
+from .server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Services:
+    """Everything behind the HTTP app, started in order once the server listens."""
+
+    def __init__(self, config: MIAConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.roles = RoleServer(config)
+        self.memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
+        self.agent = AgentHandle(config)
+        planner = config.agent.roles.planner
+        self.learner = TestTimeLearner(config.learner, self.roles.adapters,
+                                       config.resolved_data_dir() / "adapters" / planner, planner,
+                                       on_update=self._after_update)
+        self.encoders: list[Embedder] = []
+        self._background: set[asyncio.Future] = set()
+
+    async def start(self) -> None:
+        """Encoder and memory first; then the passage index builds while the model converts and the
+        engines start (on a first start the two take about as long); the learner and the agent last,
+        since the learner lowers torch's thread count for threads started after it. When anything in
+        this process uses CUDA (encoder, index, learner), the engines start first instead: vLLM must
+        start its workers before this process initialises CUDA (engines/startup.py)."""
+        resume = self.learner.resume_path()
+        if resume is not None:
+            log.info("resuming %s from its latest learned checkpoint %s", self.learner.role, resume)
+            self.roles.initial_adapters[self.learner.role] = resume
+        is_engines_first = bool(cuda_components(self.config))
+        if is_engines_first:
+            await self.roles.start()
+        try:
+            loop = asyncio.get_running_loop()
+            self.encoders.append(await loop.run_in_executor(None, Embedder, self.config.memory.embedder))
+        except Exception as err:
+            log.error("the sentence encoder failed to load: %s", err)
+            self.agent.fail(f"the sentence encoder failed to load: {type(err).__name__}")
+        encoder = self.encoders[0] if self.encoders else None
+        await self.memory.open(encoder)
+        tools = asyncio.ensure_future(self.agent.prepare(encoder)) if encoder is not None else None
+        if not is_engines_first:
+            await self.roles.start()
+        if tools is not None:
+            await tools
+        if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
+            return
+        await self._start_learner()
+        await self.agent.start(self.roles, self.memory, self._learn if self.learner.is_ready else None)
+
+    async def _start_learner(self) -> None:
+        role = self.learner.role
+        if self.roles.adapters.current(role) is None:
+            log.info("test-time learning off: role %s has no adapter", role)
+            return
+        engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
+        try:
+            await self.learner.start(engine.model_dir, engine.config.dtype)
+        except Exception:
+            log.exception("test-time learning off: the learner failed to load")
+
+    def _after_update(self, report: Any) -> None:
+        """Every learner update: metrics, and after a published one the memory's selective clearing
+        (``memory.clear_policy``; paper: the buffer is cleared after each update so it doesn't saturate)."""
+        self.metrics.record_update(report)
+        if report.is_published and self.memory.is_ready():
+            task = asyncio.ensure_future(self._clear_memory())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _clear_memory(self) -> None:
+        try:
+            result = await self.memory.clear_after_update()
+        except Exception:
+            log.exception("clearing the memory after an update failed")
+            return
+        log.info("memory cleared after the update (%s): %s", self.config.memory.clear_policy, result)
+
+    async def _learn(self, rollouts: list[Rollout]) -> None:
+        samples = rollout_samples(rollouts, uuid.uuid4().hex)
+        if samples:  # a question whose plans came back empty has nothing to learn from
+            await self.learner.submit(samples)
+
+    async def stop(self) -> None:
+        self.learner.close()
+        self.roles.shutdown()
+        self.agent.close()
+        await self.memory.close()
+        for encoder in self.encoders:
+            encoder.close()
+
+
+async def with_services(config: MIAConfig, work: Any) -> Any:
+    """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
+    services = Services(config)
+    await services.start()
+    try:
+        for name, component in (("engines", services.roles), ("memory", services.memory),
+                                ("agent", services.agent)):
+            if not component.is_ready():
+                raise SystemExit(f"python -m mia_engine: error: {name} did not start: {component.not_ready_reason()}")
+        return await work(services)
+    finally:
+        await services.stop()
