@@ -20,6 +20,7 @@ from .agent.config import AgentConfig
 from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
+from .structs import Frozen
 from .tools.config import ToolsConfig
 
 RESERVED_MODEL_IDS = frozenset({"mia"})
@@ -30,11 +31,7 @@ class ConfigError(ValueError):
     """An invalid configuration; the message is one line that names the field."""
 
 
-class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class LimitsConfig(_Frozen):
+class LimitsConfig(Frozen):
     """Per-request size limits of the HTTP API; a request over one is refused with a 4xx naming the field."""
 
     max_tokens: int = 4096
@@ -65,7 +62,7 @@ class LimitsConfig(_Frozen):
     """Most tokens (prompts + completions, all groups) in one GRPO request."""
 
 
-class AdmissionConfig(_Frozen):
+class AdmissionConfig(Frozen):
     """Bounded concurrency: a request over a bound is answered 429 with ``Retry-After`` at once, never queued."""
 
     max_concurrent_bodies: int = 512
@@ -83,7 +80,7 @@ class AdmissionConfig(_Frozen):
     """The ``Retry-After`` a 429 answers with."""
 
 
-class ServerConfig(_Frozen):
+class ServerConfig(Frozen):
     """The HTTP front end."""
 
     host: str = "127.0.0.1"
@@ -134,7 +131,7 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-class EngineConfig(_Frozen):
+class EngineConfig(Frozen):
     """One vLLM engine (one base model); every role on the same base shares it through multi-LoRA."""
 
     model: str
@@ -200,7 +197,7 @@ class EngineConfig(_Frozen):
     one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
 
 
-class SamplingDefaults(_Frozen):
+class SamplingDefaults(Frozen):
     """A role's sampling defaults; a request's own values win."""
 
     temperature: float = 1.0
@@ -211,7 +208,7 @@ class SamplingDefaults(_Frozen):
     """Default completion length; 0 = up to the context length."""
 
 
-class RoleConfig(_Frozen):
+class RoleConfig(Frozen):
     """A role (planner, executor, manager, ...) = an engine + an optional LoRA adapter + sampling."""
 
     engine: str = ""
@@ -230,14 +227,14 @@ class RoleConfig(_Frozen):
     without thinking)."""
 
 
-class ModelsConfig(_Frozen):
+class ModelsConfig(Frozen):
     """Where embedded models are built and cached."""
 
     home: str = ""
     """Cache folder; empty = ``$MIA_HOME`` or ``~/.cache/mia_engine``."""
 
 
-class MIAConfig(_Frozen):
+class MIAConfig(Frozen):
     """The root configuration."""
 
     engines: dict[str, EngineConfig]

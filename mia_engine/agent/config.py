@@ -11,20 +11,10 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import msgspec
+from ..structs import Frozen, require
 
 
-def _require(condition: bool, message: str) -> None:
-    """Validation in one place: msgspec turns this ValueError into a ValidationError naming the struct."""
-    if not condition:
-        raise ValueError(message)
-
-
-class _Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class RoleSampling(_Frozen):
+class RoleSampling(Frozen):
     """How the loop samples one role; ``max_tokens`` is capped by the context left after the prompt."""
 
     temperature: float = 0.0
@@ -35,11 +25,11 @@ class RoleSampling(_Frozen):
     """Penalty on tokens already present (the reference's Executor uses 1.1)."""
 
     def __post_init__(self) -> None:
-        _require(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]")
-        _require(self.max_tokens >= 1, "max_tokens must be >= 1")
+        require(0.0 <= self.temperature <= 2.0, "temperature must be in [0, 2]")
+        require(self.max_tokens >= 1, "max_tokens must be >= 1")
 
 
-class AgentRoles(_Frozen):
+class AgentRoles(Frozen):
     """Model ids (roles of the root config) the loop addresses; roles sharing a base share an engine."""
 
     planner: str = "planner"
@@ -54,7 +44,7 @@ class AgentRoles(_Frozen):
     """Picks one of the G plans using Meta Plan Memory."""
 
 
-class RewardWeights(_Frozen):
+class RewardWeights(Frozen):
     """Eq. 4 as the reference code computes it (TTRL ``gt_reward_core``), and its unsupervised variant."""
 
     final: float = 0.7
@@ -73,10 +63,10 @@ class RewardWeights(_Frozen):
     def __post_init__(self) -> None:
         weights = (self.final, self.first, self.format, self.decision, self.unsupervised_verdict,
                    self.unsupervised_format)
-        _require(all(w >= 0 and math.isfinite(w) for w in weights), "reward weights must be finite and >= 0")
+        require(all(w >= 0 and math.isfinite(w) for w in weights), "reward weights must be finite and >= 0")
 
 
-class ReviewWeights(_Frozen):
+class ReviewWeights(Frozen):
     """Weights the Area Chair is told for the three reviewers (it weighs them, it does not average)."""
 
     logic: float = 0.5
@@ -87,10 +77,10 @@ class ReviewWeights(_Frozen):
     """Result validity (is the task actually completed)."""
 
     def __post_init__(self) -> None:
-        _require(min(self.logic, self.sourcing, self.validity) >= 0, "review weights must be >= 0")
+        require(min(self.logic, self.sourcing, self.validity) >= 0, "review weights must be >= 0")
 
 
-class RegexLimits(_Frozen):
+class RegexLimits(Frozen):
     """Bounds of the Executor's structured-output regex (bounded repeats keep xgrammar's automaton small)."""
 
     max_think_chars: int = 1500
@@ -103,11 +93,11 @@ class RegexLimits(_Frozen):
     """Most queries in one ``query_list``."""
 
     def __post_init__(self) -> None:
-        _require(min(self.max_think_chars, self.max_answer_chars, self.max_query_chars, self.max_queries) >= 1,
+        require(min(self.max_think_chars, self.max_answer_chars, self.max_query_chars, self.max_queries) >= 1,
                  "regex limits must be >= 1")
 
 
-class AgentConfig(_Frozen):
+class AgentConfig(Frozen):
     """The research loop: Planner → Router → Executor (ReAct) → reflection → judge → reward → memory."""
 
     roles: AgentRoles = AgentRoles()
@@ -203,16 +193,16 @@ class AgentConfig(_Frozen):
     """Seed of the RNG that picks the failed rollout kept as a negative memory."""
 
     def __post_init__(self) -> None:
-        _require(self.num_rollouts >= 1 and self.num_rollouts_low_latency >= 1, "num_rollouts must be >= 1")
-        _require(self.max_turns >= 1, "max_turns must be >= 1")
-        _require(self.max_replans >= 0, "max_replans must be >= 0")
-        _require(self.replan_max_turns >= 0 and self.tool_response_max_words >= 0,
+        require(self.num_rollouts >= 1 and self.num_rollouts_low_latency >= 1, "num_rollouts must be >= 1")
+        require(self.max_turns >= 1, "max_turns must be >= 1")
+        require(self.max_replans >= 0, "max_replans must be >= 0")
+        require(self.replan_max_turns >= 0 and self.tool_response_max_words >= 0,
                  "replan_max_turns and tool_response_max_words must be >= 0")
-        _require(self.reflection_max_tokens >= 1 and self.evidence_max_words >= 1,
+        require(self.reflection_max_tokens >= 1 and self.evidence_max_words >= 1,
                  "reflection_max_tokens and evidence_max_words must be >= 1")
         words = (self.trace_max_words, self.planner_max_words,
                  self.planner_max_words_image, self.replan_max_words, self.summary_max_words,
                  self.review_reason_max_words)
-        _require(min(words) >= 1, "word limits must be >= 1")
-        _require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
-        _require(self.advantage_eps > 0, "advantage_eps must be > 0")
+        require(min(words) >= 1, "word limits must be >= 1")
+        require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
+        require(self.advantage_eps > 0, "advantage_eps must be > 0")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import msgspec
+from ..structs import Frozen
 
 
-class GpusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class GpusConfig(Frozen):
     """GPUs of this node (and of each Ray node) as the dry run budgets them."""
 
     num_gpus: int = 0

@@ -9,19 +9,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import msgspec
+from ..structs import Frozen, require
 
 Aggregation = Literal["grpo", "dapo"]
 LearnerDtype = Literal["float32", "bfloat16", "float16"]
 
 
-def _require(condition: bool, message: str) -> None:
-    """Validation in one place: msgspec turns this ValueError into a ValidationError when decoding."""
-    if not condition:
-        raise ValueError(message)
-
-
-class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LearnerConfig(Frozen):
     """How the Planner's LoRA adapter is updated between batches of judged rollouts."""
 
     num_threads: int = 1
@@ -91,27 +85,27 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seed of torch's RNG, set when the learner is built (the step itself uses no randomness)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.device.strip()), "learner.device must not be empty")
-        _require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
-        _require(self.max_queued_updates >= 1, f"learner.max_queued_updates must be >= 1, got {self.max_queued_updates}")
-        _require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
-        _require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
-        _require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
-        _require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,
+        require(bool(self.device.strip()), "learner.device must not be empty")
+        require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
+        require(self.max_queued_updates >= 1, f"learner.max_queued_updates must be >= 1, got {self.max_queued_updates}")
+        require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
+        require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
+        require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
+        require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,
                  f"learner.clip_eps_high must be > 0 (or unset), got {self.clip_eps_high}")
-        _require(math.isfinite(self.kl_beta) and self.kl_beta >= 0, f"learner.kl_beta must be >= 0, got {self.kl_beta}")
-        _require(math.isfinite(self.temperature) and self.temperature > 0,
+        require(math.isfinite(self.kl_beta) and self.kl_beta >= 0, f"learner.kl_beta must be >= 0, got {self.kl_beta}")
+        require(math.isfinite(self.temperature) and self.temperature > 0,
                  f"learner.temperature must be > 0, got {self.temperature}")
-        _require(math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
+        require(math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0,
                  f"learner.max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}")
-        _require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+        require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  f"learner.weight_decay must be >= 0, got {self.weight_decay}")
-        _require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
-        _require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
-        _require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
+        require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
+        require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
+        require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")
-        _require(self.num_checkpoints_kept >= 1,
+        require(self.num_checkpoints_kept >= 1,
                  f"learner.num_checkpoints_kept must be >= 1, got {self.num_checkpoints_kept}")
 
     @property

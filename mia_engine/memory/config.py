@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import msgspec
+from ..structs import Frozen, require
 
 ClearPolicy = Literal["none", "drop_unused", "cap"]
 FsyncPolicy = Literal["always", "never"]
@@ -29,13 +29,7 @@ QUESTION_CATEGORIES: tuple[str, ...] = (
 """The reference code's question categories; a bucket is (modality, category)."""
 
 
-def _require(condition: bool, message: str) -> None:
-    """Config validation in one place: msgspec turns this ValueError into a ValidationError."""
-    if not condition:
-        raise ValueError(message)
-
-
-class ScoreWeights(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ScoreWeights(Frozen):
     """Weights of the retrieval score (paper appendix 10); defaults are the paper's."""
 
     alpha_question: float = 0.8
@@ -52,7 +46,7 @@ class ScoreWeights(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Added to the min-max denominator so an all-equal bucket does not divide by zero."""
 
 
-class EmbedderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class EmbedderConfig(Frozen):
     """The sentence encoder e(x) of the retrieval score."""
 
     model_dir: str = ""
@@ -83,13 +77,13 @@ class EmbedderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Encode requests waiting for the encoder thread at most; one more is refused (``EncoderBusy``)."""
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
-        _require(self.max_seq_tokens >= 0, "embedder.max_seq_tokens must be >= 0")
-        _require(self.max_queued_requests >= 1, "embedder.max_queued_requests must be >= 1")
-        _require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
+        require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
+        require(self.max_seq_tokens >= 0, "embedder.max_seq_tokens must be >= 0")
+        require(self.max_queued_requests >= 1, "embedder.max_queued_requests must be >= 1")
+        require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
 
 
-class DurabilityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class DurabilityConfig(Frozen):
     """How the store survives crashes: an append-only journal plus periodic snapshots."""
 
     fsync: FsyncPolicy = "always"
@@ -101,11 +95,11 @@ class DurabilityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A journal frame claiming more than this is treated as corrupt rather than allocated."""
 
     def __post_init__(self) -> None:
-        _require(self.snapshot_interval >= 1, "durability.snapshot_interval must be >= 1")
-        _require(self.max_record_bytes >= 1024, "durability.max_record_bytes must be >= 1024")
+        require(self.snapshot_interval >= 1, "durability.snapshot_interval must be >= 1")
+        require(self.max_record_bytes >= 1024, "durability.max_record_bytes must be >= 1024")
 
 
-class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class MemoryConfig(Frozen):
     """The experience store: workflow memory, Meta Plan Memory, their retrieval and consolidation."""
 
     score: ScoreWeights = ScoreWeights()
@@ -156,17 +150,17 @@ class MemoryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Largest JSONL body the HTTP import route accepts."""
 
     def __post_init__(self) -> None:
-        _require(self.num_positive >= 0 and self.num_negative >= 0, "num_positive/num_negative must be >= 0")
-        _require(len(self.categories) > 0, "categories must not be empty")
-        _require(len(set(self.categories)) == len(self.categories), "categories must be unique")
-        _require(self.default_category in self.categories, "default_category must be one of categories")
-        _require(0.0 < self.replace_threshold <= 1.0 + 1e-6, "replace_threshold must be in (0, 1]")
-        _require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
-        _require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
-        _require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
-        _require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
+        require(self.num_positive >= 0 and self.num_negative >= 0, "num_positive/num_negative must be >= 0")
+        require(len(self.categories) > 0, "categories must not be empty")
+        require(len(set(self.categories)) == len(self.categories), "categories must be unique")
+        require(self.default_category in self.categories, "default_category must be one of categories")
+        require(0.0 < self.replace_threshold <= 1.0 + 1e-6, "replace_threshold must be in (0, 1]")
+        require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
+        require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
+        require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
+        require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),
                  f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")
-        _require(self.max_num_stored >= 1, "max_num_stored must be >= 1")
-        _require(0.0 < self.clear_to_fraction <= 1.0, "clear_to_fraction must be in (0, 1]")
-        _require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")
+        require(self.max_num_stored >= 1, "max_num_stored must be >= 1")
+        require(0.0 < self.clear_to_fraction <= 1.0, "clear_to_fraction must be in (0, 1]")
+        require(math.isfinite(self.replace_threshold), "replace_threshold must be finite")
