@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..files import atomic_dir, write_file_atomic
 from .config import LearnerConfig
 
 log = logging.getLogger(__name__)
@@ -75,15 +76,6 @@ def prune_published(role_dir: Path, keep: int, protected: Iterable[Path] = ()) -
     return doomed
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename inside ``folder`` durable (the directory entry, not only the file data)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class AdapterCheckpoints:
     """Durable copies of published adapter versions under ``root/v{version:06d}`` plus ``root/LATEST``.
 
@@ -124,15 +116,9 @@ class AdapterCheckpoints:
         target = self.path(version)
         if target.exists():
             raise FileExistsError(f"{target} exists; checkpoint versions are never reused")
-        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-        try:
-            shutil.copytree(src_dir, tmp)
-            _fsync_tree(tmp)
-            os.rename(tmp, target)  # fails rather than replace if a folder appeared meanwhile
-            fsync_dir(self.root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        # the rename fails rather than replace if a folder appeared meanwhile
+        with atomic_dir(target, tmp=self.root / f".tmp-{uuid.uuid4().hex}", durable=True) as tmp:
+            shutil.copytree(src_dir, tmp, dirs_exist_ok=True)
         self.mark_good(version)
         self._prune(protected)
         return target
@@ -141,13 +127,7 @@ class AdapterCheckpoints:
         """Point ``LATEST`` at a saved version (after a rollback, the one rolled back to)."""
         if not self.path(version).is_dir():
             raise FileNotFoundError(f"no checkpoint of version {version} in {self.root}")
-        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-        with open(tmp, "w") as f:
-            f.write(f"{version}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / LATEST_FILE)
-        fsync_dir(self.root)
+        write_file_atomic(self.root / LATEST_FILE, f"{version}\n".encode(), tmp=self.root / f".tmp-{uuid.uuid4().hex}")
 
     def latest_version(self) -> int | None:
         """The version ``LATEST`` names, if it is still on disk."""
@@ -175,11 +155,3 @@ class AdapterCheckpoints:
         for version in versions:
             if version not in kept and self.path(version).resolve() not in kept_paths:
                 shutil.rmtree(self.path(version), ignore_errors=True)
-
-
-def _fsync_tree(folder: Path) -> None:
-    """Flush the files of a copied folder before it is renamed into place."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())

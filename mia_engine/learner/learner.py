@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,7 +22,7 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
-from .checkpoints import fsync_dir
+from ..files import atomic_dir
 from .config import LearnerConfig
 from .grpo import grpo_loss, group_advantages, sequence_token_logprobs
 
@@ -186,20 +184,12 @@ class PlannerLearner:
         out_dir = Path(out_dir)
         if out_dir.exists():
             raise FileExistsError(f"{out_dir} exists; publish every adapter version to a new folder")
-        tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
-        try:
+        with atomic_dir(out_dir, tmp=out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}", durable=True) as tmp:
             dtype = self.publish_dtype
             tensors = {key: p.detach().to("cpu", dtype=dtype or p.dtype, copy=True).contiguous()
                        for key, p in self._params.items()}
             save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
             (tmp / ADAPTER_CONFIG).write_text(self._adapter_config_text)
-            _fsync_files(tmp)
-            os.rename(tmp, out_dir)
-            fsync_dir(out_dir.parent)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return out_dir
 
     def load_adapter_weights(self, adapter_dir: Path) -> None:
@@ -501,10 +491,3 @@ def _collate(sequences: list[_Sequence], pad_id: int, device: torch.device) -> _
     start = min(s.prompt_len for s in sequences) - 1
     return _MicroBatch(input_ids.to(device), attention_mask.to(device), loss_mask.to(device),
                        old_logp.to(device), has_old.to(device), advantages.to(device), start)
-
-
-def _fsync_files(folder: Path) -> None:
-    """Flush a freshly written folder's files before it is renamed into place (no-op cost on tmpfs)."""
-    for path in folder.iterdir():
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())

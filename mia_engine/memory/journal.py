@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..files import fsync_dir, write_file_atomic
 from .config import DurabilityConfig
 from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair, RecordTooLarge
 
@@ -117,7 +118,7 @@ class Journal:
                 _set_aside_tail(path, valid_size, len(changes))
                 os.ftruncate(fd, valid_size)
                 os.fsync(fd)
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
         except BaseException:
             os.close(fd)
             raise
@@ -152,14 +153,9 @@ class Journal:
 
     def write_snapshot(self, snapshot: Snapshot) -> None:
         """Atomically replace the snapshot, then empty the journal it makes redundant."""
-        final = self._data_dir / SNAPSHOT_NAME
-        temp = final.with_name(SNAPSHOT_NAME + ".tmp")
-        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE), "wb") as file:
-            file.write(_frame(self._encoder.encode(snapshot)))
-            file.flush()
-            os.fsync(file.fileno())  # always: the journal is truncated next, the snapshot must be on disk first
-        os.replace(temp, final)
-        _fsync_dir(self._data_dir)
+        # fsynced whatever memory.durability.fsync says: the journal is truncated next, the snapshot must
+        # be on disk first (its temp file, <name>.tmp, is removed by the next open if a crash left it)
+        write_file_atomic(self._data_dir / SNAPSHOT_NAME, _frame(self._encoder.encode(snapshot)), mode=_FILE_MODE)
         os.ftruncate(self._fd, 0)
         os.fsync(self._fd)
         self._size = 0
@@ -218,7 +214,7 @@ def _set_aside_tail(path: Path, valid_size: int, num_kept: int) -> Path:
             num_bytes += len(chunk)
         target.flush()
         os.fsync(target.fileno())
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     logger.warning(
         "memory journal %s: a torn or corrupt tail of %d bytes at offset %d was moved aside to %s; "
         "kept %d complete records",
@@ -263,13 +259,4 @@ def _make_private_dir(path: Path) -> None:
     path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
     os.chmod(path, _DIR_MODE)
     if not existed:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make created/renamed names durable, not just the file contents."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(path.parent)

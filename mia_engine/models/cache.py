@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from ..files import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +32,9 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     """Return ``target``, running ``build(tmp_dir)`` and renaming it into place if it is missing."""
     if target.is_dir():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_dir(target, keep_existing=True) as tmp:
         log.info("building %s (first use; cached afterwards)", target)
         build(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            log.info("%s was built concurrently by another process; using that copy", target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

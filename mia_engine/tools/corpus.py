@@ -13,8 +13,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 
 from ..config import MIAConfig
 from ..data import read_rows
+from ..files import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -200,20 +199,16 @@ def build_index(
     final = index_root / index_key(corpus, embedder_name, passage_prefix)
     if (final / META_FILE).is_file():
         return final
-    index_root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=index_root))
     log.info("building the search index of %s (%d passages, encoder %s) into %s", corpus.name,
              len(corpus.passages), embedder_name, final)
     try:
-        vectors = _encode_passages(corpus.passages, encoder, passage_prefix, batch_size, progress,
-                                   tracker or BuildProgress())
-        _write_index(scratch, corpus, vectors, embedder_name, passage_prefix)
-        os.rename(scratch, final)
+        with atomic_dir(final) as scratch:
+            vectors = _encode_passages(corpus.passages, encoder, passage_prefix, batch_size, progress,
+                                       tracker or BuildProgress())
+            _write_index(scratch, corpus, vectors, embedder_name, passage_prefix)
     except OSError:
         if not (final / META_FILE).is_file():  # not a lost race with another builder
             raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return final
 
 
