@@ -23,7 +23,9 @@ from .memory.config import MemoryConfig
 from .structs import Frozen
 from .tools.config import ToolsConfig
 
-RESERVED_MODEL_IDS = frozenset({"mia"})
+AGENT_MODEL = "mia"
+"""The model id of the research agent on ``/v1/chat/completions`` (not a role: the whole loop)."""
+RESERVED_MODEL_IDS = frozenset({AGENT_MODEL})
 """Model ids that are not roles or engines: ``mia`` is the research agent."""
 
 

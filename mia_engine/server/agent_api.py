@@ -20,9 +20,9 @@ import msgspec
 
 from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
-from ..config import ServerConfig
+from ..config import AGENT_MODEL, ServerConfig
 from ..engines.protocol import ContextLengthError
-from .chat import AGENT_MODEL, flatten_message, sse
+from .chat import flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
 from .limits import check_question
 from .metrics import Metrics

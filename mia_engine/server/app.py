@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from ..config import ServerConfig
+from ..config import AGENT_MODEL, ServerConfig
 from ..engines.protocol import EngineClient, ModelCard
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentChat, AgentSource
 from .body import read_body
-from .chat import AGENT_MODEL, ChatService
+from .chat import ChatService
 from .errors import APIError, NotFound, Unavailable
 from .limits import check_chat_limits
 from .metrics import Metrics
@@ -141,7 +141,7 @@ def build_app(
         return Response(await chat.complete(prepared, generation), media_type="application/json")
 
     def cards() -> list[ModelCard]:
-        agent_card = [ModelCard(AGENT_MODEL, "agent", "mia")] if agent_chat is not None else []
+        agent_card = [ModelCard(AGENT_MODEL, "agent", AGENT_MODEL)] if agent_chat is not None else []
         return [*client.models(), *agent_card]
 
     async def list_models(request: Request) -> Response:
@@ -153,8 +153,7 @@ def build_app(
         for card in cards():
             if card.id == model_id:
                 return json_response(ModelObject(card.id, card.owned_by, card.root, created, card.adapter_version))
-        hint = " (the research agent is not served by this build yet)" if model_id == AGENT_MODEL else ""
-        raise NotFound(f"The model `{model_id}` does not exist{hint}.", param="model", code="model_not_found")
+        raise NotFound(f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
 
     async def health(request: Request) -> Response:
         """Unauthenticated: names every component still starting (the engines and the index build run at

@@ -19,8 +19,6 @@ from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                        Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut, Usage)
 
-AGENT_MODEL = "mia"
-
 
 class PreparedChat(msgspec.Struct):
     """A validated request, ready for the engine."""
@@ -71,9 +69,6 @@ class ChatService:
                             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
 
     def check_model(self, model: str) -> None:
-        if model == AGENT_MODEL:
-            raise NotFound("The research agent `mia` is not served by this build yet; use a role "
-                           "(GET /v1/models lists them).", param="model", code="model_not_found")
         if not self.client.has_model(model):
             raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
         if not self.client.is_ready():
