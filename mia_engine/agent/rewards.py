@@ -59,9 +59,13 @@ def rollout_reward(rollout: Rollout, weights: RewardWeights) -> float:
 
 
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
-    """A_i = (R_i − mean R)/(std R + ε), population std; equal rewards give all zeros (no signal)."""
-    if not rewards:
-        return []
+    """A_i = (R_i − mean R)/(std R + ε) over one group, population std (MIA algorithm 3, step 5).
+
+    The one implementation: the loop reports it per rollout and the learner trains on it. A group whose
+    rewards are all equal carries no signal: its advantages are exactly zero (the formula alone would leave
+    the float noise of the mean, divided by ε: 1.1e-10 for three rollouts rewarded 0.95)."""
+    if not rewards or max(rewards) == min(rewards):
+        return [0.0] * len(rewards)
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return [(r - mean) / (std + eps) for r in rewards]

@@ -1,4 +1,5 @@
-"""The GRPO objective in plain torch: token log-probs, group advantages, the clipped surrogate loss.
+"""The GRPO objective in plain torch: token log-probs and the clipped surrogate loss (the group advantages
+it weighs are ``agent.rewards.group_advantages``, the same numbers the loop reports).
 
 Shapes: B sequences, T tokens per (padded) sequence, V vocabulary entries. Log-probs live on the T − 1
 "next token" positions: position t scores token t + 1 given tokens 0..t.
@@ -6,7 +7,6 @@ Shapes: B sequences, T tokens per (padded) sequence, V vocabulary entries. Log-p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -25,18 +25,6 @@ def sequence_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, tempe
     targets = input_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
     token_logits = scaled.gather(-1, targets).squeeze(-1)  # (B, T-1)
     return token_logits - torch.logsumexp(scaled, dim=-1)  # (B, T-1)
-
-
-def group_advantages(rewards: Sequence[float] | torch.Tensor, eps: float) -> torch.Tensor:
-    """A_i = (R_i − mean R) / (std R + eps) over one group, population std (MIA algorithm 3, step 5).
-
-    A group whose rewards are all equal carries no signal: its advantages are exactly zero (the formula
-    alone would leave float noise of the mean, divided by eps).
-    """
-    r = torch.as_tensor(rewards, dtype=torch.float64).flatten()  # (G,)
-    if r.numel() == 0 or bool(r.max() == r.min()):
-        return torch.zeros(r.numel(), dtype=torch.float32)
-    return ((r - r.mean()) / (r.std(unbiased=False) + eps)).float()  # (G,)
 
 
 def grpo_loss(

@@ -22,9 +22,10 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..agent.rewards import group_advantages
 from ..files import atomic_dir
 from .config import LearnerConfig
-from .grpo import grpo_loss, group_advantages, sequence_token_logprobs
+from .grpo import grpo_loss, sequence_token_logprobs
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -443,10 +444,10 @@ def _prepare(samples: list[GRPOSample], eps: float) -> tuple[list[_Sequence], in
     sequences, num_skipped = [], 0
     for members in groups.values():
         advantages = group_advantages([s.reward for s in members], eps)  # (G,)
-        if not bool(advantages.any()):
+        if not any(advantages):
             num_skipped += 1
             continue
-        sequences += [seq for s, a in zip(members, advantages.tolist()) if (seq := _sequence(s, a)) is not None]
+        sequences += [seq for s, a in zip(members, advantages) if (seq := _sequence(s, a)) is not None]
     return sequences, num_skipped
 
 
