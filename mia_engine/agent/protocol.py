@@ -129,6 +129,11 @@ class Rollout(msgspec.Struct, frozen=True):
     def is_correct(self) -> bool:
         return self.verdict is not None and self.verdict.is_correct
 
+    @property
+    def length(self) -> tuple[int, int]:
+        """The trajectory's (turns, characters): the shortest success becomes the positive memory."""
+        return self.trajectory.length
+
 
 # ---- parsing ---------------------------------------------------------------------------------
 

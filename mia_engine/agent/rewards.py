@@ -10,6 +10,7 @@ import math
 import random
 from collections.abc import Sequence
 
+from ..memory.consolidation import choose_rollouts
 from .config import RewardWeights
 from .protocol import Rollout, is_exact_yes_no, is_think_balanced
 
@@ -72,16 +73,12 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
 
 
 def select_memories(rollouts: Sequence[Rollout], rng: random.Random) -> tuple[Rollout | None, Rollout | None]:
-    """(shortest successful rollout, one random failed rollout); either may be None.
+    """(shortest successful rollout, one random failed rollout) by ``memory.consolidation.choose_rollouts``;
+    either may be None.
 
-    Shortest = fewest Executor turns, then fewest characters; the first among equals. Rollouts
-    without a usable verdict (none, or the judge's output was garbage) have no label to learn from."""
-    judged = [r for r in rollouts if r.verdict is not None and r.verdict.is_parsed]
-    successes = [rollout for rollout in judged if rollout.is_correct]
-    failures = [rollout for rollout in judged if not rollout.is_correct]
-    positive = min(successes, key=lambda rollout: rollout.trajectory.length) if successes else None
-    negative = rng.choice(failures) if failures else None
-    return positive, negative
+    Shortest = fewest Executor turns, then fewest characters (``Rollout.length``); the first among equals.
+    Rollouts without a usable verdict (none, or the judge's output was garbage) have no label to learn from."""
+    return choose_rollouts([r for r in rollouts if r.verdict is not None and r.verdict.is_parsed], rng)
 
 
 def should_store_meta_plan(positive: Rollout | None, negative: Rollout | None) -> bool:

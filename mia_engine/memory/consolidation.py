@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .config import ClearPolicy
-from .entries import MemoryEntry, Rollout
+from .entries import MemoryEntry
 
 
 def should_replace(existing: MemoryEntry, new: MemoryEntry) -> bool:
@@ -21,8 +22,27 @@ def should_replace(existing: MemoryEntry, new: MemoryEntry) -> bool:
     return len(new.workflow_summary) < len(existing.workflow_summary)
 
 
-def choose_rollouts(rollouts: Sequence[Rollout], rng: random.Random) -> tuple[Rollout | None, Rollout | None]:
-    """(positive, negative) of TTL step 6: the shortest success (first among equals) and one random failure."""
+class Candidate(Protocol):
+    """What the selection reads of a rollout: the judge's verdict and a comparable trajectory length
+    (``entries.Rollout``: an int; the research loop's rollouts: (turns, characters))."""
+
+    @property
+    def is_correct(self) -> bool: ...
+
+    @property
+    def length(self) -> Any: ...
+
+
+C = TypeVar("C", bound=Candidate)
+
+
+def choose_rollouts(rollouts: Sequence[C], rng: random.Random) -> tuple[C | None, C | None]:
+    """(positive, negative) of TTL step 6 (MIA algorithm 3): the shortest success (smallest ``length``, the
+    first among equals) and one failure picked by ``rng``; either may be None.
+
+    The one implementation of the rule: the research loop picks with it before the Manager summarises
+    (``agent.rewards.select_memories``, with the agent's RNG), and ``MemoryService.consolidate_group``
+    with the memory's, which then only confirms the loop's pick (one success, one failure)."""
     successes = [rollout for rollout in rollouts if rollout.is_correct]
     failures = [rollout for rollout in rollouts if not rollout.is_correct]
     positive = min(successes, key=lambda rollout: rollout.length) if successes else None
