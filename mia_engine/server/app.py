@@ -25,7 +25,7 @@ from ..config import AGENT_MODEL, ServerConfig
 from ..engines.protocol import EngineClient, ModelCard
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentChat, AgentSource
-from .body import read_body
+from .body import read_json
 from .chat import ChatService
 from .errors import APIError, NotFound, Unavailable
 from .limits import check_chat_limits
@@ -88,9 +88,10 @@ def build_app(
     chat = ChatService(client, config, metrics)
     agent_chat = AgentChat(agent, config, metrics) if agent is not None else None
     created = int(time.time())
+    chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 
     async def chat_completions(request: Request) -> Response:
-        body = chat.decode(await read_body(request, config.max_body_bytes))
+        body: ChatCompletionRequest = await read_json(request, config.max_body_bytes, chat_decoder)
         check_chat_limits(body, config.limits)
         if body.learn:
             require_admin(request, "Learning from a request (learn: true)", param="learn")

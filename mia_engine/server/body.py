@@ -1,8 +1,11 @@
-"""The one request-body reader of every route: a byte cap enforced while the body streams in.
+"""The one request-body reader of every route: a byte cap enforced while the body streams in, and the
+JSON decoding that turns a body into a request struct.
 
 A declared ``Content-Length`` over the cap is refused before anything is read; a chunked body (no
 length) is counted chunk by chunk and refused as soon as it passes the cap, so no route ever holds
-more than ``max_bytes`` (plus one chunk) of a client's body in memory.
+more than ``max_bytes`` (plus one chunk) of a client's body in memory. Routes call ``read_json`` (or
+``read_body`` for a body that is not one JSON object, the memory import); nothing reads
+``request.body()`` itself.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import msgspec
 from starlette.requests import Request
 
-from .errors import BadRequest, PayloadTooLarge, decode_body
+from .errors import BadRequest, PayloadTooLarge
 
 
 def _too_large(max_bytes: int) -> PayloadTooLarge:
@@ -35,3 +38,25 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 async def read_json(request: Request, max_bytes: int, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
     """A capped body decoded and validated into the decoder's struct (400 naming the field otherwise)."""
     return decode_body(await read_body(request, max_bytes), decoder)
+
+
+def validation_param(err: msgspec.ValidationError) -> str | None:
+    """Turn msgspec's ``... - at `$.messages[0].role``` into ``messages[0].role`` for the ``param`` field."""
+    text = str(err)
+    marker = " - at `$"
+    if marker not in text:
+        return None
+    path = text.split(marker, 1)[1].rstrip("`")
+    return path.lstrip(".") or None
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
+    """Decode and validate a JSON request body; any problem becomes a 400 that names the field."""
+    if not body.strip():
+        raise BadRequest("Request body is empty; expected a JSON object.")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as err:
+        raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
+    except msgspec.DecodeError as err:
+        raise BadRequest(f"Malformed JSON body: {err}") from None

@@ -14,7 +14,7 @@ import msgspec
 from ..config import ServerConfig
 from ..engines.protocol import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
                                 InvalidGeneration, SamplingOptions, TokenLogprob)
-from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable, decode_body
+from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                        Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut, Usage)
@@ -42,10 +42,6 @@ class ChatService:
         self.client = client
         self.config = config
         self.metrics = metrics
-        self._decoder = msgspec.json.Decoder(ChatCompletionRequest)
-
-    def decode(self, body: bytes) -> ChatCompletionRequest:
-        return decode_body(body, self._decoder)
 
     async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can reject a request, before any engine work starts."""

@@ -88,25 +88,3 @@ class TooManyRequests(APIError):
 class Unavailable(APIError):
     status = 503
     type = "service_unavailable"
-
-
-def validation_param(err: msgspec.ValidationError) -> str | None:
-    """Turn msgspec's ``... - at `$.messages[0].role``` into ``messages[0].role`` for the ``param`` field."""
-    text = str(err)
-    marker = " - at `$"
-    if marker not in text:
-        return None
-    path = text.split(marker, 1)[1].rstrip("`")
-    return path.lstrip(".") or None
-
-
-def decode_body(body: bytes, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
-    """Decode and validate a JSON request body; any problem becomes a 400 that names the field."""
-    if not body.strip():
-        raise BadRequest("Request body is empty; expected a JSON object.")
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as err:
-        raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
-    except msgspec.DecodeError as err:
-        raise BadRequest(f"Malformed JSON body: {err}") from None
