@@ -44,6 +44,24 @@ def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_
     assert set(trace["new_memory_ids"]) & set(again.model_extra["mia"]["memory_ids_used"])
 
 
+PROTOCOL_TAGS = ("<think>", "</think>", "<answer>", "</answer>", "<tool_call>", "<tool_response>")
+
+
+def test_a_research_answer_holds_no_plan_replan_or_thinking_text(openai_client: OpenAI) -> None:
+    """What the Planner and the Executor wrote on the way (plans, the reflection, replans, think blocks)
+    stays in the trace: the answer is only the answer (the tiny model writes nonsense, so any leak shows)."""
+    out = openai_client.chat.completions.create(
+        model="mia", messages=[{"role": "user", "content": "Which city is the capital of Peru?"}],
+        extra_body={"return_trace": True})
+    answer = out.choices[0].message.content
+    assert answer and not any(tag in answer for tag in PROTOCOL_TAGS), answer
+    for rollout in out.model_extra["mia"]["rollouts"]:
+        written = [rollout["plan"], rollout["reflection"], rollout["replan"],
+                   *(turn.split("</think>")[0].replace("<think>", "") for turn in rollout["turns"])]
+        leaked = [text for text in written if text and len(text.strip()) >= 12 and text.strip() in answer]
+        assert not leaked, (answer, leaked)
+
+
 def test_research_streams_one_chunk_per_stage(openai_client: OpenAI) -> None:
     chunks = list(openai_client.chat.completions.create(model="mia", messages=QUESTION, stream=True))
     stages = [c.model_extra["mia"]["stage"] for c in chunks if c.model_extra.get("mia") and "stage" in c.model_extra["mia"]]
