@@ -25,7 +25,7 @@ async def _serve(config: MIAConfig) -> None:
     admission = Admission(config.server.admission)
     routes = [*learner_routes(services.learner, services.roles, config.server, admission),
               *adapter_routes(services.roles.adapters, config.server, admission),
-              *memory_routes(services.memory, config.server, admission)]  # type: ignore[arg-type]
+              *memory_routes(services.memory, config.server, admission)]
     app = build_app(services.roles, config.server, start=services.start, stop=services.stop, extra_routes=routes,
                     components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
                     agent=services.agent, metrics=services.metrics, admission=admission)

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import MIAConfig
 from ..memory.embedder import Embedder
+from ..readiness import StartupHandle
 from ..tools.corpus import BuildProgress, index_root
 from ..tools.image import ImageSearch
 from ..tools.registry import Tools
 from ..tools.search import LocalSearch
 from ..tools.web import WebSearch
 from .loop import OnLearn, ResearchAgent
+
+if TYPE_CHECKING:
+    from ..memory.handle import MemoryHandle
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +28,14 @@ class AgentUnavailable(RuntimeError):
     """The research agent is not up (starting, or failed to start); the message says why."""
 
 
-class AgentHandle:
+class AgentHandle(StartupHandle[ResearchAgent]):
+    unavailable = AgentUnavailable
+
     def __init__(self, config: MIAConfig) -> None:
+        super().__init__()
         self.config = config
-        self._agent: ResearchAgent | None = None
         self._tools: Tools | None = None
         self._search: LocalSearch | None = None
-        self._error: str | None = None
         self.index_progress = BuildProgress()
         """The passage index build, while it runs (reported by /health and the 503 of ``mia``)."""
 
@@ -41,7 +46,7 @@ class AgentHandle:
         try:
             self._tools = await self._build_tools(encoder)
         except Exception as err:
-            self._error = f"the research agent's tools failed to start: {type(err).__name__}: {err}"
+            self.fail(f"the research agent's tools failed to start: {type(err).__name__}: {err}")
             log.exception("the research agent's tools failed to start")
 
     async def _build_tools(self, encoder: Any) -> Tools:
@@ -57,27 +62,18 @@ class AgentHandle:
         image = ImageSearch(tools.image_cache_dir, tools.image_top_k) if tools.image_cache_dir else None
         return Tools(tools, local=self._search, web=web, image=image)
 
-    async def start(self, client: Any, memory: Any, on_learn: OnLearn | None = None) -> None:
+    async def start(self, client: Any, memory: MemoryHandle, on_learn: OnLearn | None = None) -> None:
         """The agent over the prepared tools (``prepare`` first)."""
         if self._tools is None:
             return
-        self._agent = ResearchAgent(client, memory, self._tools, self.config.agent, on_learn)
+        self._started(ResearchAgent(client, memory, self._tools, self.config.agent, on_learn))
         log.info("research agent ready (model `mia`)")
-
-    def fail(self, reason: str) -> None:
-        """The agent cannot start (say why on /health and to ``mia`` requests)."""
-        self._error = reason
 
     def close(self) -> None:
         if self._search is not None:
             self._search.close()
 
-    def is_ready(self) -> bool:
-        return self._agent is not None
-
-    def not_ready_reason(self) -> str:
-        if self._error:
-            return self._error
+    def _starting_reason(self) -> str:
         if self._tools is None:
             return f"the research agent is starting ({self.index_progress.describe()}); retry shortly"
         return "the research agent is starting; retry shortly"
@@ -93,6 +89,5 @@ class AgentHandle:
 
     @property
     def agent(self) -> ResearchAgent:
-        if self._agent is None:
-            raise AgentUnavailable(self.not_ready_reason())
-        return self._agent
+        """The agent; raises ``AgentUnavailable`` until it is up."""
+        return self._component()

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -28,6 +28,10 @@ from .rollout import Emit, RolloutRunner
 from ..memory.entries import Rollout as MemoryRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
+
+if TYPE_CHECKING:
+    from ..memory.handle import MemoryHandle
+    from ..memory.service import MemoryService
 
 NO_ANSWER = "No answer was found."
 
@@ -70,7 +74,7 @@ class ResearchResult(msgspec.Struct):
 class ResearchAgent:
     """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
 
-    def __init__(self, client: ChatClient, memory: Any, tools: Tools, config: AgentConfig,
+    def __init__(self, client: ChatClient, memory: MemoryService | MemoryHandle, tools: Tools, config: AgentConfig,
                  on_learn: OnLearn | None = None) -> None:
         self.client = client
         self.memory = memory

@@ -228,7 +228,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def _waiting_line(code: str, component: Readiness) -> str:
-    # looked up on the class: an instance's ``__getattr__`` (a readiness wrapper's) must not be reached
+    # looked up on the class: only a component whose class defines ``progress`` has public progress
     progress = getattr(type(component), "progress", None)
     detail = progress(component) if callable(progress) else ""
     return f"{code.removesuffix('_not_ready')} is not ready" + (f" ({detail})" if detail else "")

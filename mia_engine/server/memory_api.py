@@ -1,4 +1,5 @@
-"""HTTP routes of the Memory Manager under ``/v1/memory``, over a ``MemoryService``.
+"""HTTP routes of the Memory Manager under ``/v1/memory``, over a ``MemoryService`` (or the server's
+``MemoryHandle``, which answers 503 until the store is open).
 
 Reads (search, get, stats) need the API key; writes, imports, exports and deletes need the admin
 key. Every route takes a ``/v1/memory`` admission slot. Each handler turns the store's own errors
@@ -19,6 +20,7 @@ from ..config import AdmissionConfig, ServerConfig
 from ..memory.embedder import EncoderBusy
 from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemoryStats, MemoryStoreError,
                               MemoryUnavailable, RecordTooLarge)
+from ..memory.handle import MemoryHandle
 from ..memory.jsonl import encode_jsonl
 from ..memory.protocol import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest, SearchResponse,
                                memory_view, search_response)
@@ -34,7 +36,7 @@ _ADD = msgspec.json.Decoder(AddRequest)
 _SEARCH = msgspec.json.Decoder(SearchRequest)
 
 
-def memory_routes(service: MemoryService, config: ServerConfig | None = None,
+def memory_routes(service: MemoryService | MemoryHandle, config: ServerConfig | None = None,
                   admission: Admission | None = None) -> list[BaseRoute]:
     """The ``/v1/memory`` routes; fixed paths come before ``/{memory_id}`` so they are never read as ids."""
     config = config or ServerConfig()
@@ -59,7 +61,7 @@ def memory_routes(service: MemoryService, config: ServerConfig | None = None,
 
 
 class _MemoryHandlers:
-    def __init__(self, service: MemoryService, config: ServerConfig) -> None:
+    def __init__(self, service: MemoryService | MemoryHandle, config: ServerConfig) -> None:
         self._service = service
         self._max_body_bytes = config.max_body_bytes
 
