@@ -25,7 +25,7 @@ from .llm import ChatClient, Completion, complete, complete_ids, sampling_option
 from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema, strip_think
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
-from ..memory.entries import Rollout as MemoryRollout
+from ..memory.entries import SummarisedRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
 
@@ -195,8 +195,7 @@ class ResearchAgent:
         if not selected:
             return []
         summaries = await asyncio.gather(*(self._summarise(question, r) for r in selected))
-        records = [MemoryRollout(r.plan, summary, r.is_correct, len(r.trajectory.turns),
-                                 _trajectory_text(question, r.trajectory, self.config.trace_max_words))
+        records = [summarised(question, r, summary, self.config.trace_max_words)
                    for r, summary in zip(selected, summaries)]
         result = await self.memory.consolidate_group(question, records)
         return [added.id for added in (result.positive, result.negative) if added is not None]
@@ -218,6 +217,13 @@ def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]
     rewards = [rollout_reward(r, config.rewards) for r in rollouts]
     advantages = group_advantages(rewards, config.advantage_eps)
     return [msgspec.structs.replace(r, reward=rw, advantage=adv) for r, rw, adv in zip(rollouts, rewards, advantages)]
+
+
+def summarised(question: str, rollout: Rollout, summary: str, max_words: int) -> SummarisedRollout:
+    """The memory's view of a judged rollout and the Manager's ``summary`` of it (all consolidation reads
+    and stores: plan, summary, verdict, length in Executor turns, trajectory text)."""
+    return SummarisedRollout(rollout.plan, summary, rollout.is_correct, len(rollout.trajectory.turns),
+                             _trajectory_text(question, rollout.trajectory, max_words))
 
 
 def _trajectory_text(question: str, trajectory: Trajectory, max_words: int) -> str:

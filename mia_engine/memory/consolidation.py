@@ -24,7 +24,7 @@ def should_replace(existing: MemoryEntry, new: MemoryEntry) -> bool:
 
 class Candidate(Protocol):
     """What the selection reads of a rollout: the judge's verdict and a comparable trajectory length
-    (``entries.Rollout``: an int; the research loop's rollouts: (turns, characters))."""
+    (``entries.SummarisedRollout``: an int; the research loop's rollouts: (turns, characters))."""
 
     @property
     def is_correct(self) -> bool: ...

@@ -111,8 +111,14 @@ StoredRecord = MemoryEntry | MetaPlanPair
 """What an export line holds (tagged by ``kind``)."""
 
 
-class Rollout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One of a question's G test-time rollouts, as consolidation sees it."""
+class SummarisedRollout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One of a question's G test-time rollouts reduced to what consolidation reads and stores: the memory
+    side's view of the research loop's ``agent.protocol.Rollout``, built by the loop once the Manager has
+    summarised it (``agent/loop.py: summarised``).
+
+    The memory cannot take the agent's struct: it sits a layer below the agent (``scripts/layers.py``), and
+    that struct holds what the store never keeps (Executor turns and observations, verdicts, rewards,
+    timings) while lacking the one thing it does keep, the Manager's workflow summary."""
 
     plan: str
     """The plan the Executor followed."""
@@ -121,7 +127,7 @@ class Rollout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     is_correct: bool
     """The judge's verdict."""
     length: int
-    """Trajectory length (tokens or turns); the shortest success becomes the positive memory."""
+    """Trajectory length (the loop gives Executor turns); the shortest success becomes the positive memory."""
     trajectory: str | None = None
     """The full trajectory, stored with the memory when given."""
 

@@ -16,7 +16,7 @@ from ..readiness import StartupHandle
 from .config import MemoryConfig
 from .embedder import TextEncoder
 from .entries import (AddResult, ClearResult, ConsolidationResult, MemoryEntry, MemoryStats, MemoryUnavailable,
-                      MetaPlanHit, Modality, Rollout, SearchResult, StoredRecord)
+                      MetaPlanHit, Modality, SearchResult, StoredRecord, SummarisedRollout)
 from .service import MemoryService, NewMemory
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,9 @@ class MemoryHandle(StartupHandle[MemoryService]):
     async def record_outcome(self, used_ids: Iterable[str], success: bool) -> int:
         return await self.service.record_outcome(used_ids, success)
 
-    async def consolidate_group(self, question: str, rollouts: Sequence[Rollout], *, caption: str | None = None,
-                                category: str | None = None, modality: Modality | None = None) -> ConsolidationResult:
+    async def consolidate_group(self, question: str, rollouts: Sequence[SummarisedRollout], *,
+                                caption: str | None = None, category: str | None = None,
+                                modality: Modality | None = None) -> ConsolidationResult:
         return await self.service.consolidate_group(question, rollouts, caption=caption, category=category,
                                                     modality=modality)
 

@@ -36,9 +36,9 @@ from .entries import (
     MetaPlanPair,
     Modality,
     NonEmptyStr,
-    Rollout,
     SearchResult,
     StoredRecord,
+    SummarisedRollout,
     vector_to_bytes,
 )
 from .jsonl import decode_jsonl
@@ -165,7 +165,7 @@ class MemoryService:
     async def consolidate_group(
         self,
         question: str,
-        rollouts: Sequence[Rollout],
+        rollouts: Sequence[SummarisedRollout],
         *,
         caption: str | None = None,
         category: str | None = None,
@@ -283,7 +283,7 @@ def _meta_plan_pair(question: str, successful_plan: str, failed_plan: str, key_q
     return MetaPlanPair(uuid.uuid4().hex, question, successful_plan, failed_plan, question_embedding=embedding)
 
 
-def _from_rollout(question: str, caption: str | None, rollout: Rollout) -> NewMemory:
+def _from_rollout(question: str, caption: str | None, rollout: SummarisedRollout) -> NewMemory:
     return NewMemory(
         question=question,
         workflow_summary=rollout.workflow_summary,

@@ -11,14 +11,14 @@ import pytest
 
 from mia_engine.memory.consolidation import choose_rollouts, entries_to_clear, should_replace
 from mia_engine.memory.embedder import Embedder
-from mia_engine.memory.entries import Rollout
+from mia_engine.memory.entries import SummarisedRollout
 from mia_engine.memory.service import MemoryService
 
 from .factories import make_entry, memory_config, unit
 
 
-def _rollout(plan: str, is_correct: bool, length: int) -> Rollout:
-    return Rollout(plan, f"summary of {plan}", is_correct, length, trajectory=f"trace {plan}")
+def _rollout(plan: str, is_correct: bool, length: int) -> SummarisedRollout:
+    return SummarisedRollout(plan, f"summary of {plan}", is_correct, length, trajectory=f"trace {plan}")
 
 
 GROUP = [
