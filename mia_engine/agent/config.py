@@ -127,9 +127,7 @@ class AgentConfig(Frozen):
     evidence_max_words: int = 600
     """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
     planner_max_words: int = 400
-    """Word limit the plan prompt asks for (text questions)."""
-    planner_max_words_image: int = 300
-    """Word limit the plan prompt asks for when the question has an image."""
+    """Word limit the plan prompt asks for (every question: the plan prompt has no image variant)."""
     replan_max_words: int = 200
     """Word limit the replan prompt asks for."""
     summary_max_words: int = 300
@@ -200,8 +198,7 @@ class AgentConfig(Frozen):
                  "replan_max_turns and tool_response_max_words must be >= 0")
         require(self.reflection_max_tokens >= 1 and self.evidence_max_words >= 1,
                  "reflection_max_tokens and evidence_max_words must be >= 1")
-        words = (self.trace_max_words, self.planner_max_words,
-                 self.planner_max_words_image, self.replan_max_words, self.summary_max_words,
+        words = (self.trace_max_words, self.planner_max_words, self.replan_max_words, self.summary_max_words,
                  self.review_reason_max_words)
         require(min(words) >= 1, "word limits must be >= 1")
         require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")

@@ -22,12 +22,11 @@ SEARCH, IMAGE_SEARCH = "search", "web_image_to_image_search"
 
 
 class ToolContext:
-    """Per-trajectory state: the question's id (for the image cache) and calls made so far."""
+    """Per-trajectory state: the question's id (for the image cache) and the image searches made so far."""
 
     def __init__(self, data_id: str = "") -> None:
         self.data_id = data_id
         self.num_image_searches = 0
-        self.num_calls = 0
 
 
 class Tools:
@@ -55,7 +54,6 @@ class Tools:
 
     async def call(self, call: ToolCall, context: ToolContext, *, max_words: int) -> Observation:
         """Run one call; never raises for a bad call or an unavailable tool (only on cancellation)."""
-        context.num_calls += 1
         try:
             if call.name == SEARCH:
                 return await self._search(call.arguments, max_words)
