@@ -25,26 +25,28 @@ ANSWER = "<think>found</think>\n<answer>Seine</answer>"
 
 @dataclass
 class FakeClient:
-    """Answers each role from a script of (model, last user message, options) -> text."""
+    """Answers each role from a script of (model, last user message, options) -> text.
+
+    Stateless between calls: the fake chat template writes the last user message into the prompt ids
+    (``user_ids``) and ``generate`` reads it back from the ids it is given (``last_user_text``), so
+    concurrent rollouts, and awaits between rendering and generating, cannot mix up prompts."""
 
     script: Script
     calls: list[tuple[str, str]] = field(default_factory=list)
     options: list[tuple[str, SamplingOptions]] = field(default_factory=list)
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
-        self._last = (model, messages[-1]["content"])
-        return list(range(10))
+        return user_ids(messages[-1]["content"])
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
-        self._last = (model, user_text)
-        return [*ids, *GLUE]
+        return [*ids, *GLUE, *user_ids(user_text)]
 
     def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
         return requested or 100
 
     async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                        stream: bool) -> AsyncIterator[list[CompletionDelta]]:
-        model, prompt = self._last
+        prompt = last_user_text(prompt_ids)
         self.calls.append((model, prompt))
         self.options.append((model, options))
         texts = [self.script(model, prompt, options) for _ in range(options.n)]
@@ -52,7 +54,18 @@ class FakeClient:
 
 
 GLUE = [-7, -8, -9]
-"""What the fake chat template puts between turns."""
+"""What the fake chat template puts between turns (before the next user message's ids)."""
+
+
+def user_ids(text: str) -> list[int]:
+    """The fake template's ids of a user message: one (non-negative) id per character."""
+    return [ord(c) for c in text]
+
+
+def last_user_text(prompt_ids: list[int]) -> str:
+    """The last user message of a fake prompt: the ids after the last ``GLUE`` (all of them without one)."""
+    starts = [i + len(GLUE) for i in range(len(prompt_ids)) if prompt_ids[i:i + len(GLUE)] == GLUE]
+    return "".join(map(chr, prompt_ids[starts[-1] if starts else 0:]))
 
 
 def fake_ids(text: str) -> list[int]:
@@ -137,21 +150,24 @@ async def test_planner_tokens_hold_plan_reflection_and_replan_and_nothing_else()
     async def on_learn(rollouts) -> None:
         learned.append(rollouts)
 
-    agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="yes"))
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="yes"))
     agent.on_learn = on_learn
     result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True))
     tokens = result.rollouts[0].trajectory.planner
     plan, decision, replan = fake_ids("1. search for the river"), fake_ids("yes"), fake_ids("2. search again, better")
-    assert tokens.prompt_ids == list(range(10))
-    assert tokens.completion_ids == [*plan, *GLUE, *decision, *GLUE, *replan]
-    assert tokens.completion_mask == [1] * len(plan) + [0] * 3 + [1] * len(decision) + [0] * 3 + [1] * len(replan)
+    plan_prompt, reflect, revise = [user_ids(p) for m, p in client.calls if m == "planner"]
+    assert tokens.prompt_ids == plan_prompt
+    assert tokens.completion_ids == [*plan, *GLUE, *reflect, *decision, *GLUE, *revise, *replan]
+    assert tokens.completion_mask == ([1] * len(plan) + [0] * (3 + len(reflect)) + [1] * len(decision)
+                                      + [0] * (3 + len(revise)) + [1] * len(replan))
     assert learned == [result.rollouts]
 
 
 async def test_without_a_replan_the_planner_tokens_end_at_the_decision() -> None:
-    agent, _, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="no"))
+    agent, client, _ = agent_with(role_script(executor=lambda p: ANSWER, reflection="no"))
     tokens = (await agent.research(ResearchRequest("q"))).rollouts[0].trajectory.planner
-    assert tokens.completion_ids == [*fake_ids("1. search for the river"), *GLUE, *fake_ids("no")]
+    reflect = user_ids([p for m, p in client.calls if m == "planner"][1])
+    assert tokens.completion_ids == [*fake_ids("1. search for the river"), *GLUE, *reflect, *fake_ids("no")]
     assert sum(tokens.completion_mask) == len(fake_ids("1. search for the river")) + len(fake_ids("no"))
 
 
@@ -167,7 +183,7 @@ async def test_malformed_output_ends_gracefully_within_max_turns() -> None:
 async def test_garbage_everywhere_still_returns_a_response() -> None:
     agent, _, memory = agent_with(lambda model, prompt, options: "\x00<<</answer>>{]", max_turns=2)
     result = await agent.research(ResearchRequest("q", ground_truth=["x"], num_rollouts=3))
-    assert isinstance(result.answer, str) and result.answer
+    assert result.answer == NO_ANSWER  # no rollout answered: the fallback, not the garbage or nothing
     assert len(result.rollouts) == 3
     assert all(r.verdict is not None and not r.verdict.is_correct for r in result.rollouts)
 
@@ -251,7 +267,7 @@ async def test_thinking_never_reaches_the_executor_the_answer_or_memory() -> Non
     assert "1. search for the river" in executor_prompts and "2. search the river's name" in executor_prompts
     assert "PRIVATE" not in executor_prompts
     assert all("PRIVATE" not in r.plan and "PRIVATE" not in r.trajectory.replan for r in result.rollouts)
-    assert "PRIVATE" not in result.answer and "search" not in result.answer
+    assert result.answer == "Seine"  # the Executor's answer, with nothing of the thinking or plans
     stored = [record for group in memory.consolidated for record in group]
     assert stored and all("PRIVATE" not in record.workflow_summary and "PRIVATE" not in record.plan
                           for record in stored)
