@@ -120,8 +120,10 @@ def admin_openai_client(tiny_server: ServerHandle):
     return _openai(tiny_server, 300, tiny_server.admin_key)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def async_openai_client(tiny_server: ServerHandle):
+    """One per test: an async client's connection pool belongs to the event loop of the test that first
+    used it, and every async test gets a loop of its own."""
     return _async_openai(tiny_server)
 
 
@@ -137,11 +139,31 @@ def own_openai_client(own_server: ServerHandle):
     return _openai(own_server, 120)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def own_async_openai_client(own_server: ServerHandle):
+    """One per test, as ``async_openai_client``."""
     return _async_openai(own_server)
 
 
 @pytest.fixture(scope="module")
 def own_admin_openai_client(own_server: ServerHandle):
     return _openai(own_server, 300, own_server.admin_key)
+
+
+SERVER_FIXTURES = ("tiny_server", "own_server")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test that used a server gets the server's log tail in its report: what the server saw
+    (requests finished, engine errors) is the other half of a client-side timeout."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for name in SERVER_FIXTURES:
+        if name not in getattr(item, "fixturenames", ()):  # fixturenames holds the indirect ones too
+            continue
+        server = item._request.getfixturevalue(name)  # type: ignore[attr-defined]  # still set up here
+        if isinstance(server, ServerHandle) and server.log_path.exists():
+            report.sections.append((f"{name} log (last 80 lines)", server.log_tail(80)))
