@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
 import time
 
 import httpx
@@ -72,6 +73,29 @@ def _selector_state() -> str:
         return f"selector state unavailable ({err})"
 
 
+def _transport_state(task: asyncio.Task) -> str:
+    """The asyncio transport a pending request reads from (found in its coroutine chain): whether it is
+    paused or closing, whether anyio's read event is set, and the bytes waiting in the kernel."""
+    awaited = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None)
+        stream = frame.f_locals.get("self") if frame is not None else None
+        transport = getattr(stream, "_transport", None)
+        if transport is not None and hasattr(transport, "_sock_fd"):
+            protocol = getattr(stream, "_protocol", None)
+            try:
+                pending = len(transport._sock.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                pending = 0
+            except OSError as err:
+                pending = f"? ({err})"
+            return (f"fd {transport._sock_fd}: paused={transport._paused} closing={transport._closing} "
+                    f"read_event={getattr(getattr(protocol, 'read_event', None), 'is_set', lambda: None)()} "
+                    f"queued={len(getattr(protocol, 'read_queue', ()))} kernel_bytes={pending}")
+        awaited = getattr(awaited, "cr_await", None)
+    return "no transport found"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # may pay the shared server's start (a fixture's setup counts) before its own 580 s
 async def test_200_chat_and_32_research_requests_at_once(tiny_server, record_property) -> None:
@@ -91,6 +115,7 @@ async def test_200_chat_and_32_research_requests_at_once(tiny_server, record_pro
                        if line.startswith("mia_requests_total")]
             where = [_suspended_at(t) for t in tasks if t in pending][:3]
             where.append(_selector_state())
+            where += [_transport_state(t) for t in tasks if t in pending][:5]
             for task in pending:
                 task.cancel()
             pytest.fail(f"{len(pending)} requests never answered: {waiting[:20]}; server counted {counted}; "
