@@ -89,7 +89,9 @@ def _transport_state(task: asyncio.Task) -> str:
                 pending = 0
             except OSError as err:
                 pending = f"? ({err})"
+            own_loop = transport._loop is asyncio.get_running_loop()
             return (f"fd {transport._sock_fd}: paused={transport._paused} closing={transport._closing} "
+                    f"on_running_loop={own_loop} "
                     f"read_event={getattr(getattr(protocol, 'read_event', None), 'is_set', lambda: None)()} "
                     f"queued={len(getattr(protocol, 'read_queue', ()))} kernel_bytes={pending}")
         awaited = getattr(awaited, "cr_await", None)
