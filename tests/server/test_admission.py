@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -41,18 +42,30 @@ async def _timed(http: httpx.AsyncClient, body: dict) -> tuple[httpx.Response, f
     return response, time.perf_counter() - start
 
 
+def _awaiting(task: asyncio.Task) -> Iterator[object]:
+    """The chain of what a pending task awaits, outermost first: coroutines (and generators), then the
+    future or other awaitable at the bottom."""
+    awaited: object = task.get_coro()
+    while awaited is not None:
+        yield awaited
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None) \
+            or getattr(awaited, "ag_await", None)
+
+
+def _frame(awaited: object):
+    return getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None) \
+        or getattr(awaited, "ag_frame", None)
+
+
 def _suspended_at(task: asyncio.Task) -> str:
     """Where a pending task's coroutine chain waits (outermost first), down to the awaited future."""
-    where, awaited = [], task.get_coro()
-    while awaited is not None:
-        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None) \
-            or getattr(awaited, "ag_frame", None)
+    where = []
+    for awaited in _awaiting(task):
+        frame = _frame(awaited)
         if frame is None:
             where.append(type(awaited).__name__)
             break
         where.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {frame.f_code.co_name}")
-        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None) \
-            or getattr(awaited, "ag_await", None)
     return " -> ".join(where[-8:])
 
 
@@ -76,9 +89,8 @@ def _selector_state() -> str:
 def _transport_state(task: asyncio.Task) -> str:
     """The asyncio transport a pending request reads from (found in its coroutine chain): whether it is
     paused or closing, whether anyio's read event is set, and the bytes waiting in the kernel."""
-    awaited = task.get_coro()
-    while awaited is not None:
-        frame = getattr(awaited, "cr_frame", None)
+    for awaited in _awaiting(task):
+        frame = _frame(awaited)
         stream = frame.f_locals.get("self") if frame is not None else None
         transport = getattr(stream, "_transport", None)
         if transport is not None and hasattr(transport, "_sock_fd"):
@@ -94,7 +106,6 @@ def _transport_state(task: asyncio.Task) -> str:
                     f"on_running_loop={own_loop} "
                     f"read_event={getattr(getattr(protocol, 'read_event', None), 'is_set', lambda: None)()} "
                     f"queued={len(getattr(protocol, 'read_queue', ()))} kernel_bytes={pending}")
-        awaited = getattr(awaited, "cr_await", None)
     return "no transport found"
 
 
