@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio.selector_events
 import os
 import subprocess
 import sys
@@ -121,10 +122,13 @@ def admin_openai_client(tiny_server: ServerHandle):
 
 
 @pytest.fixture
-def async_openai_client(tiny_server: ServerHandle):
-    """One per test: an async client's connection pool belongs to the event loop of the test that first
-    used it, and every async test gets a loop of its own."""
-    return _async_openai(tiny_server)
+async def async_openai_client(tiny_server: ServerHandle):
+    """One per test, closed when it ends. Never leave an async client to the garbage collector: openai's
+    finaliser schedules ``aclose()`` on whatever loop runs then, while asyncio's transport finalisers have
+    already closed the sockets; the late close then unregisters fd numbers that new connections got
+    meanwhile, and their answers are never read (bench/RESULTS.md section 6)."""
+    async with _async_openai(tiny_server) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +144,45 @@ def own_openai_client(own_server: ServerHandle):
 
 
 @pytest.fixture
-def own_async_openai_client(own_server: ServerHandle):
-    """One per test, as ``async_openai_client``."""
-    return _async_openai(own_server)
+async def own_async_openai_client(own_server: ServerHandle):
+    """One per test, closed when it ends, as ``async_openai_client``."""
+    async with _async_openai(own_server) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
 def own_admin_openai_client(own_server: ServerHandle):
     return _openai(own_server, 300, own_server.admin_key)
+
+
+@pytest.fixture(scope="session")
+def _foreign_reader_removals() -> Iterator[list[str]]:
+    """Watches asyncio's reader removals for one transport unregistering an fd another live transport
+    owns (its own socket closed behind it, the number reused): that connection's answer would sit unread
+    and its request wait out its timeout. Recorded, not prevented: the test that sees it fails at once."""
+    removals: list[str] = []
+    loop_class = asyncio.selector_events.BaseSelectorEventLoop
+    remove_reader = loop_class._remove_reader
+
+    def watched(loop: asyncio.selector_events.BaseSelectorEventLoop, fd: int) -> bool:
+        caller = sys._getframe(1).f_locals.get("self")
+        owner = loop._transports.get(fd)  # type: ignore[attr-defined]
+        if isinstance(caller, asyncio.Transport) and owner is not None and caller is not owner:
+            removals.append(f"fd {fd} of {owner!r} unregistered by another transport, {caller!r}")
+        return remove_reader(loop, fd)
+
+    loop_class._remove_reader = watched  # type: ignore[method-assign]
+    yield removals
+    loop_class._remove_reader = remove_reader  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _no_foreign_reader_removal(_foreign_reader_removals: list[str]) -> Iterator[None]:
+    yield
+    found, _foreign_reader_removals[:] = list(_foreign_reader_removals), []
+    if found:
+        pytest.fail("a connection lost its reader to another transport (an async client left to the "
+                    f"garbage collector?): {found[:3]}")
 
 
 SERVER_FIXTURES = ("tiny_server", "own_server")
