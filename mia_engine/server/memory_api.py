@@ -29,6 +29,7 @@ from .admission import Admission
 from .body import read_body, read_json
 from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests, Unavailable
 from .openapi import ApiRoute
+from .responses import json_response
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -66,7 +67,7 @@ class _MemoryHandlers:
         self._max_body_bytes = config.max_body_bytes
 
     async def add(self, request: Request) -> Response:
-        return _json(await self._service.add(await read_json(request, self._max_body_bytes, _ADD)))
+        return json_response(await self._service.add(await read_json(request, self._max_body_bytes, _ADD)))
 
     async def search(self, request: Request) -> Response:
         body: SearchRequest = await read_json(request, self._max_body_bytes, _SEARCH)
@@ -78,15 +79,15 @@ class _MemoryHandlers:
             num_positive=body.num_positive,
             num_negative=body.num_negative,
         )
-        return _json(search_response(result))
+        return json_response(search_response(result))
 
     async def get(self, request: Request) -> Response:
-        return _json(memory_view(await self._service.get(request.path_params["memory_id"])))
+        return json_response(memory_view(await self._service.get(request.path_params["memory_id"])))
 
     async def delete(self, request: Request) -> Response:
         memory_id = request.path_params["memory_id"]
         await self._service.delete(memory_id)
-        return _json(DeleteResponse(memory_id))
+        return json_response(DeleteResponse(memory_id))
 
     async def export(self, request: Request) -> Response:
         records = await self._service.export_records()  # a consistent cut, encoded while streaming
@@ -94,10 +95,10 @@ class _MemoryHandlers:
 
     async def import_(self, request: Request) -> Response:
         body = await read_body(request, self._service.config.max_import_bytes)
-        return _json(ImportResponse(await self._service.import_jsonl(body)))
+        return json_response(ImportResponse(await self._service.import_jsonl(body)))
 
     async def stats(self, request: Request) -> Response:
-        return _json(await self._service.stats())
+        return json_response(await self._service.stats())
 
 
 class _Guard:
@@ -134,7 +135,3 @@ def _store_error(err: MemoryStoreError) -> APIError:
         return Unavailable(str(err), code="memory_not_ready")  # behind the API key: the reason helps operators
     return Unavailable("the memory store cannot serve this request (details are in the server log)",
                        code="memory_error")
-
-
-def _json(value: object) -> Response:
-    return Response(msgspec.json.encode(value), media_type="application/json")

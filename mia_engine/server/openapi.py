@@ -50,6 +50,19 @@ def _admin_only(endpoint: Handler, summary: str) -> Handler:
     return guarded
 
 
+def openapi_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
+    """``GET /openapi.json``: the document of ``routes``, encoded once (the routes do not change)."""
+    return [Route("/openapi.json", OpenAPIHandler(routes).openapi, methods=["GET"])]
+
+
+class OpenAPIHandler:
+    def __init__(self, routes: Sequence[BaseRoute]) -> None:
+        self._document = msgspec.json.encode(openapi_document(routes))
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self._document, media_type="application/json")
+
+
 def openapi_document(routes: Sequence[BaseRoute], *, title: str = "MIA Engine", version: str = "1") -> dict:
     api_routes = [r for r in routes if isinstance(r, ApiRoute)]
     types = [ErrorBody, *(t for r in api_routes for t in (r.request_type, r.response_type) if t is not None)]

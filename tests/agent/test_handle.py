@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mia_engine.agent.handle import AgentHandle
 from mia_engine.config import load_config
-from mia_engine.server.app import _waiting_line
+from mia_engine.server.health_api import waiting_line
 
 
 def test_progress_of_the_index_build_is_public_while_it_runs() -> None:
@@ -14,6 +14,6 @@ def test_progress_of_the_index_build_is_public_while_it_runs() -> None:
     handle.index_progress.advance(2_560)
     assert handle.progress().startswith("building the search index: 2560/10033 passages (25%), about ")
     assert handle.progress() in handle.not_ready_reason()  # the 503 of model `mia` says the same
-    assert _waiting_line("agent_not_ready", handle) == f"agent is not ready ({handle.progress()})"
+    assert waiting_line("agent_not_ready", handle) == f"agent is not ready ({handle.progress()})"
     handle.fail("the sentence encoder failed to load: OSError at /secret/path")
-    assert handle.progress() == "" and _waiting_line("agent_not_ready", handle) == "agent is not ready"
+    assert handle.progress() == "" and waiting_line("agent_not_ready", handle) == "agent is not ready"

@@ -12,7 +12,7 @@ from mia_engine.memory.entries import MemoryUnavailable
 from mia_engine.memory.handle import MemoryHandle
 from mia_engine.memory.service import MemoryService
 from mia_engine.readiness import StartupHandle
-from mia_engine.server.app import _waiting_line
+from mia_engine.server.health_api import waiting_line
 
 DELEGATED = [name for name, member in vars(MemoryHandle).items()
              if not name.startswith("_") and name not in {"open", "close", "service"}
@@ -39,7 +39,7 @@ async def test_every_call_is_unavailable_until_the_store_opens(tmp_path: Path) -
     handle.fail("memory store failed to open: OSError: /secret/path")
     with pytest.raises(MemoryUnavailable, match="failed to open"):
         await handle.stats()
-    assert _waiting_line("memory_not_ready", handle) == "memory is not ready"  # no progress, no reason
+    assert waiting_line("memory_not_ready", handle) == "memory is not ready"  # no progress, no reason
 
 
 class _Recorder:

@@ -1,0 +1,61 @@
+"""``GET /health`` and ``GET /metrics``: what orchestrators and scrapers read, outside ``/v1`` and so
+without the API key.
+
+``/health`` answers 503 until every component (the engines, and e.g. the memory store and the agent, which
+start behind the listening server) is ready, naming each one still starting with its public progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .errors import Unavailable
+from .metrics import Metrics
+from .responses import json_response
+
+
+class Readiness(Protocol):
+    def is_ready(self) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...
+
+
+def health_routes(components: Sequence[tuple[str, Readiness]], metrics: Metrics) -> list[BaseRoute]:
+    """``components`` are the (code, component) pairs ``/health`` waits for, in the order it names them;
+    the first one's code is the 503's ``code``."""
+    handlers = HealthHandlers(components, metrics)
+    return [
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/metrics", handlers.prometheus, methods=["GET"]),
+    ]
+
+
+class HealthHandlers:
+    def __init__(self, components: Sequence[tuple[str, Readiness]], metrics: Metrics) -> None:
+        self._components = list(components)
+        self._metrics = metrics
+
+    async def health(self, request: Request) -> Response:
+        """Unauthenticated: names every component still starting (the engines and the index build run at
+        once) with its public progress, if it has one (``progress()``: counts and time left), never the
+        reasons, which hold paths and errors (they are in the log)."""
+        waiting = [(code, component) for code, component in self._components if not component.is_ready()]
+        if waiting:
+            raise Unavailable("; ".join(waiting_line(code, component) for code, component in waiting),
+                              code=waiting[0][0])
+        return json_response({"status": "ok"})
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(self._metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def waiting_line(code: str, component: Readiness) -> str:
+    # looked up on the class: only a component whose class defines ``progress`` has public progress
+    progress = getattr(type(component), "progress", None)
+    detail = progress(component) if callable(progress) else ""
+    return f"{code.removesuffix('_not_ready')} is not ready" + (f" ({detail})" if detail else "")
