@@ -18,7 +18,7 @@ import msgspec
 
 from . import prompts
 from .config import AgentConfig
-from ..engines.protocol import SamplingOptions
+from ..engines.client import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .protocol import (ExecutorTurn, PlannerTokens, Trajectory, executor_turn_regex, parse_executor_turn,
                        parse_yes_no, strip_think)

@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from ..config import AGENT_MODEL, ServerConfig
-from ..engines.protocol import EngineClient, ModelCard
+from ..engines.client import EngineClient, ModelCard
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentChat, AgentSource
 from .body import read_json
@@ -30,8 +30,8 @@ from .chat import ChatService
 from .errors import APIError, NotFound, Unavailable
 from .limits import check_chat_limits
 from .metrics import Metrics
+from .openai_bodies import ChatCompletion, ChatCompletionRequest, ModelList, ModelObject
 from .openapi import ApiRoute, openapi_document
-from .protocol import ChatCompletion, ChatCompletionRequest, ModelList, ModelObject
 from .security import SecurityMiddleware, require_admin
 
 log = logging.getLogger(__name__)
