@@ -23,7 +23,7 @@ from ..engines.client import SamplingOptions
 from . import prompts
 from .config import AgentConfig
 from .llm import ChatClient, complete, sampling_options
-from .protocol import (
+from .verdicts import (
     GRADER_REGEX,
     Review,
     ReviewerKind,

@@ -20,8 +20,10 @@ from . import prompts
 from .config import AgentConfig
 from ..engines.client import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
-from .protocol import (ExecutorTurn, PlannerTokens, Trajectory, executor_turn_regex, parse_executor_turn,
-                       parse_yes_no, strip_think)
+from .model_text import strip_think
+from .plan_decisions import parse_yes_no
+from .records import PlannerTokens, Trajectory
+from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import ToolContext, Tools
 
