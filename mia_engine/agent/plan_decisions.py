@@ -11,6 +11,9 @@ from typing import Any
 
 from .model_text import as_int, first_json_object, strip_think
 
+YES_NO_REGEX = "yes|no"
+"""The reflection's whole output under structured outputs."""
+
 
 def parse_yes_no(text: str) -> bool | None:
     """The reflection decision: True = replan; the first yes/no word counts; None when neither appears."""
