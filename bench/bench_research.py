@@ -35,7 +35,7 @@ from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
-from mia_engine.engines.protocol import CompletionDelta, SamplingOptions  # noqa: E402
+from mia_engine.engines.client import CompletionDelta, SamplingOptions  # noqa: E402
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402

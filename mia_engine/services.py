@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from .agent.handle import AgentHandle
-from .agent.protocol import Rollout
+from .agent.records import Rollout
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components

@@ -19,11 +19,11 @@ import string
 import unicodedata
 from collections.abc import Sequence
 
-from ..engines.protocol import SamplingOptions
+from ..engines.client import SamplingOptions
 from . import prompts
 from .config import AgentConfig
 from .llm import ChatClient, complete, sampling_options
-from .protocol import (
+from .verdicts import (
     GRADER_REGEX,
     Review,
     ReviewerKind,

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import msgspec
 
-from ..engines.protocol import EngineClient, SamplingOptions
+from ..engines.client import EngineClient, SamplingOptions
 from .config import RoleSampling
 
 

@@ -22,7 +22,9 @@ import msgspec
 from . import judge, prompts
 from .config import AgentConfig
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
-from .protocol import Rollout, Timings, Trajectory, parse_plan_choice, plan_choice_schema, strip_think
+from .model_text import strip_think
+from .plan_decisions import parse_plan_choice, plan_choice_schema
+from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from ..memory.entries import SummarisedRollout

@@ -14,7 +14,8 @@ import string
 from collections.abc import Iterable, Sequence
 
 from ..tools.calls import Observation, truncate_words
-from .protocol import ExecutorTurn, Review
+from .turns import ExecutorTurn
+from .verdicts import Review
 
 
 class TemplateError(KeyError):

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 from ..memory.consolidation import choose_rollouts
 from .config import RewardWeights
-from .protocol import Rollout, is_exact_yes_no, is_think_balanced
+from .model_text import is_think_balanced
+from .plan_decisions import is_exact_yes_no
+from .records import Rollout
 
 
 def format_reward(plan: str, reflection: str, replan: str = "") -> float:

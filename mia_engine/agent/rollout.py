@@ -18,10 +18,12 @@ import msgspec
 
 from . import prompts
 from .config import AgentConfig
-from ..engines.protocol import SamplingOptions
+from ..engines.client import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
-from .protocol import (ExecutorTurn, PlannerTokens, Trajectory, executor_turn_regex, parse_executor_turn,
-                       parse_yes_no, strip_think)
+from .model_text import strip_think
+from .plan_decisions import YES_NO_REGEX, parse_yes_no
+from .records import PlannerTokens, Trajectory
+from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import ToolContext, Tools
 
@@ -29,7 +31,6 @@ Messages = list[dict[str, str]]
 Emit = Callable[[str, dict], None]
 """Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 
-YES_NO_REGEX = "yes|no"
 TURN_OVERHEAD_CHARS = 160
 """Tags, newlines and the JSON skeleton of a structured turn, with room to spare (about 100 are used)."""
 ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)

@@ -26,8 +26,8 @@ from ..config import MIAConfig, SamplingDefaults, resolve_role
 from ..models.cache import default_home
 from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
-from .protocol import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelCard,
-                       SamplingOptions, TokenLogprob, TopLogprob)
+from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelCard,
+                     SamplingOptions, TokenLogprob, TopLogprob)
 from .startup import applied_env, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 

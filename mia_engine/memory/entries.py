@@ -113,7 +113,7 @@ StoredRecord = MemoryEntry | MetaPlanPair
 
 class SummarisedRollout(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One of a question's G test-time rollouts reduced to what consolidation reads and stores: the memory
-    side's view of the research loop's ``agent.protocol.Rollout``, built by the loop once the Manager has
+    side's view of the research loop's ``agent.records.Rollout``, built by the loop once the Manager has
     summarised it (``agent/loop.py: summarised``).
 
     The memory cannot take the agent's struct: it sits a layer below the agent (``scripts/layers.py``), and

@@ -49,7 +49,7 @@ water land sea ocean island north south east west central united kingdom empire 
 
 
 def _corpus(num_lines: int = 4000) -> list[str]:
-    """Deterministic training text: word salad, numbers, JSON tool calls and protocol tags."""
+    """Deterministic training text: word salad, numbers, JSON tool calls and the agent's turn tags."""
     rng = np.random.default_rng(SEED)
     lines = []
     for i in range(num_lines):

@@ -21,13 +21,13 @@ import msgspec
 from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import AGENT_MODEL, ServerConfig
-from ..engines.protocol import ContextLengthError
+from ..engines.client import ContextLengthError
 from .chat import flatten_message, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
 from .limits import check_question
 from .metrics import Metrics
-from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
-                       ChunkChoice, Delta, ImagePart)
+from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
+                            ChunkChoice, Delta, ImagePart)
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from ..config import ServerConfig
-from ..engines.protocol import EngineClient
+from ..engines.client import EngineClient
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentSource
 from .chat_api import chat_routes

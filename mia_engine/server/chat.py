@@ -12,12 +12,13 @@ from typing import NamedTuple
 import msgspec
 
 from ..config import ServerConfig
-from ..engines.protocol import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
-                                InvalidGeneration, SamplingOptions, TokenLogprob)
+from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
+                              InvalidGeneration, SamplingOptions, TokenLogprob)
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .metrics import Metrics
-from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
-                       Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut, Usage)
+from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
+                            Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut,
+                            Usage)
 
 
 class PreparedChat(msgspec.Struct):

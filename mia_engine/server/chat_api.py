@@ -18,15 +18,15 @@ from starlette.routing import BaseRoute
 
 from ..agent.loop import ResearchRequest
 from ..config import AGENT_MODEL, ServerConfig
-from ..engines.protocol import EngineClient
+from ..engines.client import EngineClient
 from .admission import Admission
 from .agent_api import AgentChat, AgentSource
 from .body import read_json
 from .chat import ChatService, PreparedChat
 from .limits import check_chat_limits
 from .metrics import Metrics
+from .openai_bodies import ChatCompletion, ChatCompletionRequest
 from .openapi import ApiRoute
-from .protocol import ChatCompletion, ChatCompletionRequest
 from .security import require_admin
 
 def chat_routes(client: EngineClient, config: ServerConfig, admission: Admission, metrics: Metrics,

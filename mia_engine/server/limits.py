@@ -6,7 +6,7 @@ import msgspec
 
 from ..config import LimitsConfig
 from .errors import BadRequest
-from .protocol import ChatCompletionRequest
+from .openai_bodies import ChatCompletionRequest
 
 
 def _over(param: str, what: str, limit: int) -> BadRequest:

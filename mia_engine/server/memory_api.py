@@ -22,8 +22,8 @@ from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemorySt
                               MemoryUnavailable, RecordTooLarge)
 from ..memory.handle import MemoryHandle
 from ..memory.jsonl import encode_jsonl
-from ..memory.protocol import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest, SearchResponse,
-                               memory_view, search_response)
+from ..memory.route_bodies import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest,
+                                   SearchResponse, memory_view, search_response)
 from ..memory.service import MemoryService
 from .admission import Admission
 from .body import read_body, read_json

@@ -10,10 +10,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from ..config import AGENT_MODEL
-from ..engines.protocol import EngineClient, ModelCard
+from ..engines.client import EngineClient, ModelCard
 from .errors import NotFound
+from .openai_bodies import ModelList, ModelObject
 from .openapi import ApiRoute
-from .protocol import ModelList, ModelObject
 from .responses import json_response
 
 

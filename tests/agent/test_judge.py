@@ -22,8 +22,8 @@ from mia_engine.agent.judge import (
     unsupervised_verdict,
 )
 from mia_engine.agent.llm import complete
-from mia_engine.agent.protocol import GRADER_REGEX, Review
-from mia_engine.engines.protocol import CompletionDelta, SamplingOptions
+from mia_engine.agent.verdicts import GRADER_REGEX, Review
+from mia_engine.engines.client import CompletionDelta, SamplingOptions
 
 CONFIG = AgentConfig()
 

@@ -9,9 +9,9 @@ import msgspec
 
 from mia_engine.agent.config import AgentConfig
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
-from mia_engine.agent.protocol import parse_executor_turn
 from mia_engine.agent.rollout import _continue_with, _Run
-from mia_engine.engines.protocol import CompletionDelta, SamplingOptions
+from mia_engine.agent.turns import parse_executor_turn
+from mia_engine.engines.client import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, SearchResult
 from mia_engine.tools.config import ToolsConfig
 from mia_engine.tools.corpus import Passage

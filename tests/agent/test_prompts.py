@@ -8,7 +8,8 @@ import re
 import pytest
 
 from mia_engine.agent import prompts
-from mia_engine.agent.protocol import Review, parse_executor_turn
+from mia_engine.agent.turns import parse_executor_turn
+from mia_engine.agent.verdicts import Review
 from mia_engine.tools.calls import Observation, truncate_words
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mia_engine.agent.config import RewardWeights
-from mia_engine.agent.protocol import ExecutorTurn, Rollout, Trajectory, Verdict
+from mia_engine.agent.records import Rollout, Trajectory
 from mia_engine.agent.rewards import (
     decision_reward,
     format_reward,
@@ -19,6 +19,8 @@ from mia_engine.agent.rewards import (
     supervised_reward,
     unsupervised_reward,
 )
+from mia_engine.agent.turns import ExecutorTurn
+from mia_engine.agent.verdicts import Verdict
 
 W = RewardWeights()
 PLAN = "<think>how to search</think>1. Search the title."

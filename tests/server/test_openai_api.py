@@ -164,7 +164,7 @@ def test_response_format_json_schema_gives_json_of_the_schema(openai_client: Ope
 def test_the_engine_compiles_the_executor_regexes(openai_client: OpenAI) -> None:
     """The agent's turn regexes, including a first search pinned to a question full of regex and JSON
     metacharacters, compile in the engine's structured-output backend and yield parseable turns."""
-    from mia_engine.agent.protocol import executor_turn_regex, parse_executor_turn
+    from mia_engine.agent.turns import executor_turn_regex, parse_executor_turn
 
     question = 'Who wrote "Les Misérables" (1862)? [a.k.a. Les Mis] 50% / 2*3+1 {x} | a\\b ^$'
     pinned = executor_turn_regex(["search"], max_think_chars=20, fixed_query=question)

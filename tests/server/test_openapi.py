@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 from mia_engine.config import ServerConfig
 from mia_engine.server.app import build_app
 from mia_engine.server.learner_api import GRPORequest, learner_routes
-from mia_engine.server.protocol import ChatCompletionRequest
+from mia_engine.server.openai_bodies import ChatCompletionRequest
 
 CONFIG = ServerConfig(allowed_hosts=["testserver"])
 GROUP = {"messages": [{"role": "user", "content": "hi"}],

@@ -8,7 +8,7 @@ import httpx
 import msgspec
 import pytest
 
-from mia_engine.agent.protocol import parse_executor_turn
+from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.tools import ToolUnavailable
 from mia_engine.tools.calls import ToolCall
 from mia_engine.tools.config import ToolsConfig

@@ -1,0 +1,85 @@
+"""The records of one research rollout, as the loop builds them and the rewards and the learner read
+them: the Executor's trajectory under a plan (with the Planner's reflection, replan and tokens), the
+time spent per stage, and the judged ``Rollout`` (the memory takes its own summary of one:
+``memory/entries.py: SummarisedRollout``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..tools.calls import Observation
+from .turns import ExecutorTurn
+from .verdicts import Verdict
+
+
+class PlannerTokens(msgspec.Struct, frozen=True):
+    """The Planner's share of one rollout in token space, as the learner trains on it (MIA Eq. 3: the
+    Planner's own tokens only). ``completion_ids`` is everything after the prompt, in order: the plan,
+    the template's turn between it and the reflection question, the yes/no, then the replan request and
+    the replan; ``completion_mask`` is 1 where the Planner sampled the token."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+
+
+class Trajectory(msgspec.Struct, frozen=True):
+    """One Executor run under one plan, with the Planner's reflection and replan."""
+
+    turns: list[ExecutorTurn]
+    observations: list[Observation | None]
+    """Aligned with ``turns``: the tool result that followed each turn (None when none)."""
+    first_answer: str | None
+    """Answer before any replan (the reward's acc(first)): the Executor's own, or with
+    ``agent.answer_from = "evidence"`` the one read off its passages."""
+    final_answer: str | None
+    """Answer returned to the user (equal to ``first_answer`` without a replan)."""
+    reflection: str = ""
+    """The Planner's raw yes/no generation ("" when the reflection step did not run)."""
+    replan: str = ""
+    """The Planner's replan as the Executor read it, its thinking stripped ("" without a replan)."""
+    did_replan: bool = False
+    replan_turn: int = -1
+    """Index of the first turn run under the replan; -1 without one."""
+    num_tool_calls: int = 0
+    num_successful_tool_calls: int = 0
+    planner: PlannerTokens | None = None
+    """The Planner's tokens for the learner (None when the engine gave no token ids)."""
+
+    @property
+    def length(self) -> tuple[int, int]:
+        """(turns, characters): the shortest successful trajectory becomes the positive memory."""
+        return len(self.turns), sum(len(turn.text) for turn in self.turns)
+
+
+class Timings(msgspec.Struct, frozen=True):
+    """Seconds spent per stage of one rollout."""
+
+    plan_s: float = 0.0
+    execute_s: float = 0.0
+    reflect_s: float = 0.0
+    judge_s: float = 0.0
+
+
+class Rollout(msgspec.Struct, frozen=True):
+    """One of a question's G rollouts: plan → trajectory → verdict → reward."""
+
+    plan: str
+    """The Planner's raw plan generation (think block included: the format reward checks it)."""
+    trajectory: Trajectory
+    verdict: Verdict | None = None
+    first_verdict: Verdict | None = None
+    """Verdict on the first answer when it differs from the final one (None = same as ``verdict``)."""
+    reward: float = 0.0
+    advantage: float = 0.0
+    timings: Timings = Timings()
+
+    @property
+    def is_correct(self) -> bool:
+        return self.verdict is not None and self.verdict.is_correct
+
+    @property
+    def length(self) -> tuple[int, int]:
+        """The trajectory's (turns, characters): the shortest success becomes the positive memory."""
+        return self.trajectory.length
