@@ -29,6 +29,7 @@ from .openai_bodies import ChatCompletion, ChatCompletionRequest
 from .openapi import ApiRoute
 from .security import require_admin
 
+
 def chat_routes(client: EngineClient, config: ServerConfig, admission: Admission, metrics: Metrics,
                 agent: AgentSource | None = None) -> list[BaseRoute]:
     """Without an ``agent``, ``mia`` is a model like any other the engines do not serve (404)."""
