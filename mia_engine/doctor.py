@@ -152,7 +152,7 @@ def _random_stack(folder: Path, shape: dict) -> tuple[Path, Path]:
 def _samples(vocab_size: int, seq_len: int) -> list:
     import random
 
-    from .learner.learner import GRPOSample
+    from .learner.batching import GRPOSample
 
     rng = random.Random(0)
     prompt_len = seq_len // 4
