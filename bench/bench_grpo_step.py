@@ -91,7 +91,7 @@ def _build_qwen3_8b_layers(out: Path, num_layers: int, rank: int, device: str) -
 
 
 def make_samples(args: argparse.Namespace, vocab_size: int) -> list:
-    from mia_engine.learner.learner import GRPOSample
+    from mia_engine.learner.batching import GRPOSample
 
     rng = random.Random(0)
     samples = []

@@ -317,8 +317,8 @@ def bench_products(sizes: Sequence[int], dim: int, batches: Sequence[int], stat:
     """The similarity-product alternatives behind the CPU path's choice (fp32, ms)."""
     lines = ["| N | B | numpy q@Kᵀ | torch q@Kᵀ | torch (K@qᵀ)ᵀ | chosen (cpu path) |",
              "|---|---|---|---|---|---|"]
-    # "chosen" is what kernels.memory_score._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
-    from kernels.memory_score import _cpu_dot
+    # "chosen" is what kernels.memory_score_cpu._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
+    from kernels.memory_score_cpu import _cpu_dot
 
     for num_entries in sizes:
         keys = make_bucket(num_entries, dim, 1, False).keys_q
@@ -347,7 +347,7 @@ def _post_torch(sim: torch.Tensor, usage: torch.Tensor, success: torch.Tensor, l
 
 def _post_numpy(sim: np.ndarray, usage: np.ndarray, success: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     """The same step as the CPU path runs it (single-threaded numpy)."""
-    from kernels.memory_score import _mask_by_label, _topk_lowest_index
+    from kernels.memory_score_cpu import _mask_by_label, _topk_lowest_index
 
     w = WEIGHTS
     score = sim - sim.min(axis=1)[:, None]

@@ -2,7 +2,7 @@
 
 Three checks, each a line ``PASS|FAIL|SKIP name: detail``:
 
-1. **memory kernel**: the Triton scoring kernel (``kernels/memory_score.py``) against its torch
+1. **memory kernel**: the Triton scoring kernel (``kernels/memory_score_triton.py``) against its torch
    reference on one bucket of N x d fp16 keys (1M x 384 on a GPU): same ids, scores within fp16
    tolerance; on a GPU also its time over the bandwidth floor (bytes it must read / measured copy
    bandwidth; goal <= 2x).
@@ -64,8 +64,9 @@ def _guarded(name: str, check: Callable[[], Check]) -> Check:
 def check_kernel(device: str, is_small: bool) -> Check:
     import torch
 
-    from kernels.memory_score import memory_topk, triton
+    from kernels.memory_score import memory_topk
     from kernels.memory_score_ref import memory_topk_ref
+    from kernels.memory_score_triton import triton
 
     from .memory.config import ScoreWeights
 
@@ -151,7 +152,7 @@ def _random_stack(folder: Path, shape: dict) -> tuple[Path, Path]:
 def _samples(vocab_size: int, seq_len: int) -> list:
     import random
 
-    from .learner.learner import GRPOSample
+    from .learner.batching import GRPOSample
 
     rng = random.Random(0)
     prompt_len = seq_len // 4

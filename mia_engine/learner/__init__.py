@@ -1,7 +1,8 @@
 """Test-time learning of the Planner (MIA step 7, "parametric memory"): GRPO updates of its LoRA adapter.
 
-``grpo`` holds the objective (pure torch), ``learner`` the PEFT model that takes one GRPO step per batch
-of judged rollouts and writes each accepted version as a PEFT folder that vLLM loads, ``checkpoints`` the
+``grpo`` holds the objective (pure torch), ``batching`` the judged rollouts (``GRPOSample``) and the
+padded micro-batches built from them, ``learner`` the PEFT model that takes one GRPO step per batch of
+judged rollouts and writes each accepted version as a PEFT folder that vLLM loads, ``checkpoints`` the
 durable copies of published versions used for rollback. Nothing here imports vLLM: the learner runs in
 the server's process (or on its own GPU) and hands adapters over as folders.
 """

@@ -22,8 +22,8 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..agent.rewards import group_advantages
 from ..files import atomic_dir
+from .batching import GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, micro_batches, prepare
 from .config import LearnerConfig
 from .grpo import grpo_loss, sequence_token_logprobs
 
@@ -31,25 +31,6 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _TOKEN_STATS = ("clip_fraction", "ratio_mean", "kl")
 _LORA_PARAM = re.compile(r"\.(lora_[AB])\.default\.weight$")
-
-
-class GRPOSample(msgspec.Struct, frozen=True, kw_only=True):
-    """One rollout of the Planner as the learner sees it: token ids, which tokens it wrote, its reward."""
-
-    prompt_ids: list[int]
-    """The Planner's prompt (question, retrieved memories, ...); never trained on. Must not be empty."""
-    completion_ids: list[int]
-    """Everything after the prompt, in order."""
-    completion_mask: list[int] | None = None
-    """1 = a token the Planner sampled (plan, reflection, replan), 0 = anything else spliced in (executor
-    text, tool output, memories). None = every completion token is the Planner's."""
-    reward: float
-    """The rollout's reward (MIA Eq. 4)."""
-    old_logprobs: list[float] | None = None
-    """Per completion token, the log-prob under the sampling policy (vLLM) for importance correction;
-    None = the learner's own detached log-probs (ratio 1, the on-policy case)."""
-    group_id: str
-    """Rollouts of the same question share it; advantages are computed within a group."""
 
 
 class StepResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,30 +61,6 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     step_seconds: float
     version: int
     """The learner's version after the step; incremented on each accepted step, never decremented."""
-
-
-@dataclass(frozen=True)
-class _Sequence:
-    """A prepared sample: the full token list and where its loss lives."""
-
-    token_ids: list[int]
-    prompt_len: int
-    mask: list[float]
-    old_logprobs: list[float] | None
-    advantage: float
-
-
-@dataclass
-class _MicroBatch:
-    """Padded tensors of one forward pass; right padding, loss positions shifted by one."""
-
-    input_ids: torch.Tensor  # (b, T)
-    attention_mask: torch.Tensor  # (b, T)
-    loss_mask: torch.Tensor  # (b, T-1), float
-    old_logp: torch.Tensor  # (b, T-1), float32; valid where has_old
-    has_old: torch.Tensor  # (b,) bool
-    advantages: torch.Tensor  # (b,)
-    start: int  # first position whose logits are needed (min prompt length − 1)
 
 
 @dataclass
@@ -150,13 +107,13 @@ class PlannerLearner:
 
         Raises ValueError for malformed samples (misaligned masks or log-probs, unknown token ids)."""
         started = time.perf_counter()
-        self._check_samples(samples)
+        check_samples(samples, self._vocab_size)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)  # (N,)
         summary = _Summary(rewards, started)
         if not bool(torch.isfinite(rewards).all()):
             return summary.rejected("non-finite reward in the batch", self.version)
-        sequences, num_skipped = _prepare(samples, self.config.advantage_eps)
-        sequences, summary.num_skipped_long = _drop_long(sequences, self.config.max_seq_len)
+        sequences, num_skipped = prepare(samples, self.config.advantage_eps)
+        sequences, summary.num_skipped_long = drop_long(sequences, self.config.max_seq_len)
         summary.num_skipped_groups, summary.num_sequences = num_skipped, len(sequences)
         if not sequences:
             return summary.rejected("no learning signal: every group's rewards are equal", self.version)
@@ -166,9 +123,9 @@ class PlannerLearner:
         """The full-batch loss gradient per LoRA weight (PEFT key names), without an update.
 
         For tests and diagnostics: it runs exactly the accumulation ``step`` runs."""
-        self._check_samples(samples)
-        sequences, _ = _prepare(samples, self.config.advantage_eps)
-        sequences, _ = _drop_long(sequences, self.config.max_seq_len)
+        check_samples(samples, self._vocab_size)
+        sequences, _ = prepare(samples, self.config.advantage_eps)
+        sequences, _ = drop_long(sequences, self.config.max_seq_len)
         self._optimizer.zero_grad(set_to_none=True)
         if sequences:
             normalizer = _normalizer(sequences, self.config.aggregation)
@@ -225,7 +182,7 @@ class PlannerLearner:
 
     # ----- training ---------------------------------------------------------------------------------
 
-    def _train(self, sequences: list[_Sequence], summary: _Summary) -> StepResult:
+    def _train(self, sequences: list[PreparedSequence], summary: _Summary) -> StepResult:
         """Run the epochs as one transaction: any failure or exception restores the weights exactly."""
         snapshot = self._snapshot()
         try:
@@ -239,7 +196,7 @@ class PlannerLearner:
         self.version += 1
         return summary.accepted(self.version)
 
-    def _run_epochs(self, sequences: list[_Sequence], summary: _Summary) -> str:
+    def _run_epochs(self, sequences: list[PreparedSequence], summary: _Summary) -> str:
         """The configured number of updates on one batch; the first failure's reason, or ""."""
         batches = self._micro_batches(sequences)
         normalizer = _normalizer(sequences, self.config.aggregation)
@@ -251,7 +208,7 @@ class PlannerLearner:
                 return failure
         return ""
 
-    def _epoch(self, batches: list[_MicroBatch], normalizer: float, *,
+    def _epoch(self, batches: list[MicroBatch], normalizer: float, *,
                first_epoch: bool) -> tuple[str, _Pass, float]:
         """Accumulate, check, clip, update: (failure reason or "", totals, grad norm before clipping)."""
         self._optimizer.zero_grad(set_to_none=True)
@@ -263,7 +220,7 @@ class PlannerLearner:
             return f"non-finite gradient (norm {grad_norm})", totals, grad_norm
         return self._apply_update(), totals, grad_norm
 
-    def _accumulate(self, batches: list[_MicroBatch], normalizer: float, *, first_epoch: bool) -> _Pass:
+    def _accumulate(self, batches: list[MicroBatch], normalizer: float, *, first_epoch: bool) -> _Pass:
         """Backward of every micro-batch, each divided by the full batch's normalizer so grads add up."""
         totals = _Pass()
         for batch in batches:
@@ -276,7 +233,7 @@ class PlannerLearner:
             totals.add(loss.item(), int(batch.loss_mask[:, batch.start:].sum()), stats)
         return totals
 
-    def _micro_batch_loss(self, batch: _MicroBatch, normalizer: float, *,
+    def _micro_batch_loss(self, batch: MicroBatch, normalizer: float, *,
                           first_epoch: bool) -> tuple[torch.Tensor, dict[str, float]]:
         logp = self._token_logprobs(batch)  # (b, K-1)
         mask = batch.loss_mask[:, batch.start:]  # (b, K-1)
@@ -289,14 +246,14 @@ class PlannerLearner:
                          aggregation=self.config.aggregation, ref_logp=ref_logp, kl_beta=self.config.kl_beta,
                          normalizer=normalizer)
 
-    def _token_logprobs(self, batch: _MicroBatch) -> torch.Tensor:
+    def _token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """(b, K-1) log-probs of tokens start+1..T-1; logits only for the K = T − start positions needed."""
         num_kept = batch.input_ids.shape[1] - batch.start
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                             logits_to_keep=num_kept, use_cache=False).logits  # (b, K, V)
         return sequence_token_logprobs(logits, batch.input_ids[:, batch.start:], self.config.temperature)
 
-    def _reference_logprobs(self, batch: _MicroBatch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """The KL reference: the same model with the adapter disabled."""
         with torch.no_grad(), self.model.disable_adapter():
             return self._token_logprobs(batch)
@@ -317,6 +274,9 @@ class PlannerLearner:
             is_finite = all(bool(torch.isfinite(p).all()) for p in self._params.values())
         return "" if is_finite else "non-finite LoRA weights after the optimizer step"
 
+    def _micro_batches(self, sequences: list[PreparedSequence]) -> list[MicroBatch]:
+        return micro_batches(sequences, self.config.micro_batch_size, self._pad_id, self.device)
+
     # ----- state ------------------------------------------------------------------------------------
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -334,31 +294,6 @@ class PlannerLearner:
                 param.copy_(weights[key])
         self._optimizer.load_state_dict(optimizer_state)
         self._optimizer.zero_grad(set_to_none=True)
-
-    # ----- batching ---------------------------------------------------------------------------------
-
-    def _check_samples(self, samples: list[GRPOSample]) -> None:
-        """Malformed input is a caller bug: raise rather than train on misaligned tokens."""
-        if not samples:
-            raise ValueError("step() needs at least one sample")
-        for i, s in enumerate(samples):
-            n = len(s.completion_ids)
-            if not s.prompt_ids:
-                raise ValueError(f"sample {i}: prompt_ids is empty (the first token has no log-prob)")
-            if s.completion_mask is not None and len(s.completion_mask) != n:
-                raise ValueError(f"sample {i}: completion_mask has {len(s.completion_mask)} entries for {n} tokens")
-            if s.old_logprobs is not None and len(s.old_logprobs) != n:
-                raise ValueError(f"sample {i}: old_logprobs has {len(s.old_logprobs)} entries for {n} tokens")
-            ids = s.prompt_ids + s.completion_ids
-            if min(ids) < 0 or max(ids) >= self._vocab_size:
-                raise ValueError(f"sample {i}: token id outside the vocabulary (0..{self._vocab_size - 1})")
-
-    def _micro_batches(self, sequences: list[_Sequence]) -> list[_MicroBatch]:
-        """Sequences sorted by length (less padding), cut into micro-batches."""
-        ordered = sorted(sequences, key=lambda s: len(s.token_ids), reverse=True)
-        size = self.config.micro_batch_size
-        return [_collate(ordered[i:i + size], self._pad_id, self.device) for i in range(0, len(ordered), size)]
-
 
 class _Summary:
     """Collects the numbers of a step and builds its StepResult."""
@@ -436,59 +371,8 @@ def _lora_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return params
 
 
-def _prepare(samples: list[GRPOSample], eps: float) -> tuple[list[_Sequence], int]:
-    """Group advantages; drop zero-advantage groups and sequences with no Planner token."""
-    groups: dict[str, list[GRPOSample]] = {}
-    for sample in samples:
-        groups.setdefault(sample.group_id, []).append(sample)
-    sequences, num_skipped = [], 0
-    for members in groups.values():
-        advantages = group_advantages([s.reward for s in members], eps)  # (G,)
-        if not any(advantages):
-            num_skipped += 1
-            continue
-        sequences += [seq for s, a in zip(members, advantages) if (seq := _sequence(s, a)) is not None]
-    return sequences, num_skipped
-
-
-def _drop_long(sequences: list[_Sequence], max_len: int) -> tuple[list[_Sequence], int]:
-    """Sequences within ``max_len`` tokens (0 = no limit), and how many were left out."""
-    kept = [s for s in sequences if not max_len or len(s.token_ids) <= max_len]
-    return kept, len(sequences) - len(kept)
-
-
-def _normalizer(sequences: list[_Sequence], aggregation: str) -> float:
+def _normalizer(sequences: list[PreparedSequence], aggregation: str) -> float:
     """The full batch's loss denominator: sequences ("grpo") or Planner tokens ("dapo")."""
     if aggregation == "grpo":
         return float(len(sequences))
     return float(sum(sum(s.mask) for s in sequences))
-
-
-def _sequence(sample: GRPOSample, advantage: float) -> _Sequence | None:
-    mask = ([1.0] * len(sample.completion_ids) if sample.completion_mask is None
-            else [1.0 if m else 0.0 for m in sample.completion_mask])
-    if not any(mask):
-        return None
-    return _Sequence(sample.prompt_ids + sample.completion_ids, len(sample.prompt_ids), mask,
-                     sample.old_logprobs, advantage)
-
-
-def _collate(sequences: list[_Sequence], pad_id: int, device: torch.device) -> _MicroBatch:
-    """Right-pad; completion token j of a sequence with prompt length P is scored at position P − 1 + j."""
-    b, t = len(sequences), max(len(s.token_ids) for s in sequences)
-    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # (b, T)
-    attention_mask = torch.zeros((b, t), dtype=torch.long)  # (b, T)
-    loss_mask = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
-    old_logp = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
-    for i, s in enumerate(sequences):
-        n, first = len(s.token_ids), s.prompt_len - 1
-        input_ids[i, :n] = torch.tensor(s.token_ids)
-        attention_mask[i, :n] = 1
-        loss_mask[i, first:n - 1] = torch.tensor(s.mask)
-        if s.old_logprobs is not None:
-            old_logp[i, first:n - 1] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    has_old = torch.tensor([s.old_logprobs is not None for s in sequences])  # (b,)
-    advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)  # (b,)
-    start = min(s.prompt_len for s in sequences) - 1
-    return _MicroBatch(input_ids.to(device), attention_mask.to(device), loss_mask.to(device),
-                       old_logp.to(device), has_old.to(device), advantages.to(device), start)

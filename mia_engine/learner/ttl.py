@@ -26,9 +26,10 @@ import msgspec
 import torch
 
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
+from .batching import GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from .config import LearnerConfig
-from .learner import GRPOSample, PlannerLearner, StepResult
+from .learner import PlannerLearner, StepResult
 
 log = logging.getLogger(__name__)
 

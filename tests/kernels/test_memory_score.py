@@ -22,17 +22,17 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import memory_score  # noqa: E402  (after TRITON_INTERPRET on purpose)
+from kernels import memory_score_triton  # noqa: E402  (after TRITON_INTERPRET on purpose)
 from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
 from kernels.memory_score_ref import memory_topk_ref  # noqa: E402
 from mia_engine.memory.config import ScoreWeights  # noqa: E402
 
 WEIGHTS = ScoreWeights()
 FIELDS = ("score", "sim", "sim_norm", "value", "freq")
-HAS_TRITON = memory_score.triton is not None
+HAS_TRITON = memory_score_triton.triton is not None
 # Both ours and triton.language's own @jit helpers (tl.max) must have been decorated interpreted.
 IS_INTERPRETED = HAS_TRITON and all(type(fn).__name__ == "InterpretedFunction"
-                                    for fn in (memory_score._sim_kernel, memory_score.tl.max))
+                                    for fn in (memory_score_triton._sim_kernel, memory_score_triton.tl.max))
 CAN_RUN_TRITON = IS_INTERPRETED or (HAS_TRITON and torch.cuda.is_available())
 
 
@@ -40,7 +40,7 @@ def _run_triton(bucket: dict[str, Any], k: int, weights: ScoreWeights = WEIGHTS,
     """Call the Triton backend on CPU tensors: interpreted on CPU, or moved to the GPU and back."""
     device = "cpu" if IS_INTERPRETED else "cuda"
     moved = {name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in bucket.items()}
-    result = memory_score.memory_topk_triton(**moved, k=k, weights=weights, **kwargs)
+    result = memory_score_triton.memory_topk_triton(**moved, k=k, weights=weights, **kwargs)
     return ScoreResult(*(t.cpu() for t in result))
 
 
@@ -320,7 +320,7 @@ _COMPILE_FOR_SM90 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import memory_score as ms
+from kernels import memory_score_triton as ms
 
 def compile_kernel(fn, signature, constexprs):
     source = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}}, constexprs=constexprs)

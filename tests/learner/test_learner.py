@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mia_engine.learner.batching import GRPOSample
 from mia_engine.learner.checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from mia_engine.learner.config import LearnerConfig
-from mia_engine.learner.learner import GRPOSample, PlannerLearner
+from mia_engine.learner.learner import PlannerLearner
 from mia_engine.models.tiny import build_tiny
 
 CHOSEN = 777  # the token the synthetic reward pays for
