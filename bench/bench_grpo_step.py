@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import platform
@@ -48,9 +49,7 @@ QWEN3_8B = {
 
 def _ensure_msgspec() -> None:
     """The learner only needs ``msgspec.Struct``; stand in with a dataclass where msgspec is absent."""
-    try:
-        import msgspec  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("msgspec") is None:
         shim = types.ModuleType("msgspec")
 
         class Struct:

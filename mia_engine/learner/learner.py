@@ -55,9 +55,9 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True):
     kl: float
     """Mean k3 KL to the adapter-free model (0 unless ``kl_beta`` > 0)."""
     num_skipped_groups: int
+    """Groups whose rewards were all equal (zero advantage)."""
     num_skipped_long: int = 0
     """Rollouts left out for being longer than ``max_seq_len``."""
-    """Groups whose rewards were all equal (zero advantage)."""
     step_seconds: float
     version: int
     """The learner's version after the step; incremented on each accepted step, never decremented."""
