@@ -15,12 +15,9 @@ vLLM programs in the same environment are untouched.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
-
-log = logging.getLogger(__name__)
 
 ENV = "MIA_CPU_LORA_OPS"
 """Set to ``grouped`` in the engine's spawn environment to install these ops."""
@@ -113,8 +110,8 @@ def register() -> None:
     from vllm.lora.punica_wrapper import punica_cpu
 
     missing = [name for name in OPS if not hasattr(punica_cpu, name)]
-    if missing:  # a vLLM whose CPU wrapper no longer uses these names: leave it alone
-        log.warning("grouped CPU LoRA ops not installed: vLLM's punica_cpu has no %s", missing)
-        return
+    if missing:  # a vLLM whose CPU wrapper no longer uses these names: the engine must not start half-patched
+        raise RuntimeError(f"grouped CPU LoRA ops requested but vLLM's punica_cpu has no {missing}; "
+                           "set engines.<name>.cpu_lora_ops = \"vllm\" to run vLLM's own ops")
     for name, op in OPS.items():
         setattr(punica_cpu, name, op)

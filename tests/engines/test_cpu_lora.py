@@ -106,3 +106,14 @@ def test_register_installs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr(punica_cpu, name, op)  # restored after the test
     cpu_lora.register()
     assert all(getattr(punica_cpu, name) is op for name, op in cpu_lora.OPS.items())
+
+
+def test_register_refuses_a_vllm_without_the_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for and not installable (a vLLM that renamed its CPU ops): the engine fails to start, loudly,
+    instead of serving with vLLM's ops and the "no adapter" bug behind a warning."""
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    monkeypatch.setenv(cpu_lora.ENV, "grouped")
+    monkeypatch.delattr(punica_cpu, "bgmv_expand_slice")  # restored after the test
+    with pytest.raises(RuntimeError, match="cpu_lora_ops"):
+        cpu_lora.register()
