@@ -159,7 +159,9 @@ def own_admin_openai_client(own_server: ServerHandle):
 def _foreign_reader_removals() -> Iterator[list[str]]:
     """Watches asyncio's reader removals for one transport unregistering an fd another live transport
     owns (its own socket closed behind it, the number reused): that connection's answer would sit unread
-    and its request wait out its timeout. Recorded, not prevented: the test that sees it fails at once."""
+    and its request wait out its timeout. Such a removal is skipped (the stale transport's socket is
+    gone, so there is nothing of its own to remove) and recorded: the test it happened in fails, naming
+    both transports, instead of waiting."""
     removals: list[str] = []
     loop_class = asyncio.selector_events.BaseSelectorEventLoop
     remove_reader = loop_class._remove_reader
@@ -169,6 +171,7 @@ def _foreign_reader_removals() -> Iterator[list[str]]:
         owner = loop._transports.get(fd)  # type: ignore[attr-defined]
         if isinstance(caller, asyncio.Transport) and owner is not None and caller is not owner:
             removals.append(f"fd {fd} of {owner!r} unregistered by another transport, {caller!r}")
+            return False
         return remove_reader(loop, fd)
 
     loop_class._remove_reader = watched  # type: ignore[method-assign]
