@@ -1,4 +1,4 @@
-"""LoRA matmuls for vLLM's CPU backend: one matmul per adapter in the batch, installed as a vLLM plugin.
+"""LoRA matmuls for vLLM's CPU backend: one matmul per adapter in the batch.
 
 vLLM's PyTorch-native punica ops (``vllm.lora.ops.torch_ops``, used by ``PunicaWrapperCPU``) gather a
 whole adapter matrix per token (tokens × out × rank) and contract it with ``einsum``. On a small model
@@ -6,21 +6,23 @@ that gather costs more than the model itself: on the tiny model it was 60% of th
 time in the research benchmark (py-spy, bench/RESULTS.md). They also read index -1 ("no adapter") as
 the last adapter slot, so a base-model request batched with a full set of adapters picks up the last
 one. These replacements group the tokens by adapter and do one matmul per adapter present, and treat
--1 as no adapter.
+-1 as no adapter (that fix alone, the ``masked_fill_`` in ``_lora_delta``, is the part worth sending
+upstream).
 
-vLLM loads ``vllm.general_plugins`` entry points in every process it starts (engine core, workers);
-``register`` swaps the ops in only when the spawning engine asked for them through ``ENV``, so other
-vLLM programs in the same environment are untouched.
+How they reach vLLM, through its extension points and nothing else: ``platform_plugin`` (the
+``vllm.platform_plugins`` entry point) makes a CPU build of vLLM use ``engines/cpu_platform.py``, vLLM's
+CPU platform whose Punica wrapper follows each engine's own config (``additional_config[CONFIG_KEY]``,
+set from ``engines.<name>.cpu_lora_ops``); the grouped wrapper (``engines/cpu_punica.py``) runs vLLM's
+own CPU wrapper code on these ops. vLLM's modules are never modified, so engines and other vLLM
+programs in this environment that do not ask for the ops keep vLLM's.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-ENV = "MIA_CPU_LORA_OPS"
-"""Set to ``grouped`` in the engine's spawn environment to install these ops."""
+CONFIG_KEY = "mia_cpu_lora_ops"
+"""Key in vLLM's ``additional_config`` (an engine's own config): ``grouped`` selects these ops."""
 GATHER_MAX_TOKENS = 128
 """Up to this many tokens (decode steps) the per-token gather is cheaper than grouping."""
 
@@ -103,15 +105,11 @@ OPS = {f.__name__: f for f in (bgmv_shrink, bgmv_expand, bgmv_expand_slice, sgmv
                                sgmv_expand_slice)}
 
 
-def register() -> None:
-    """The ``vllm.general_plugins`` entry point; a no-op unless the engine's environment asks for it."""
-    if os.environ.get(ENV) != "grouped":
-        return
-    from vllm.lora.punica_wrapper import punica_cpu
+def platform_plugin() -> str | None:
+    """The ``vllm.platform_plugins`` entry point: on a CPU build of vLLM, vLLM's CPU platform with the
+    per-engine Punica wrapper choice; elsewhere (a GPU build) nothing, so vLLM detects its own platform.
 
-    missing = [name for name in OPS if not hasattr(punica_cpu, name)]
-    if missing:  # a vLLM whose CPU wrapper no longer uses these names: the engine must not start half-patched
-        raise RuntimeError(f"grouped CPU LoRA ops requested but vLLM's punica_cpu has no {missing}; "
-                           "set engines.<name>.cpu_lora_ops = \"vllm\" to run vLLM's own ops")
-    for name, op in OPS.items():
-        setattr(punica_cpu, name, op)
+    vLLM calls this while it resolves ``current_platform``, so it imports nothing that needs one."""
+    from vllm.platforms import cpu_platform_plugin
+
+    return "mia_engine.engines.cpu_platform.MIACpuPlatform" if cpu_platform_plugin() is not None else None

@@ -15,7 +15,7 @@ Three rules, each owned here:
 3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
    ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
    never a process-wide ``CUDA_VISIBLE_DEVICES``. The few variables vLLM still only reads from the
-   environment of the spawned child (CPU KV-cache size, our CPU LoRA plugin, in-process ``uni``) are set
+   environment of the spawned child (CPU KV-cache size, in-process ``uni``) are set
    by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
    when they need the same environment and disjoint GPUs (``start_groups``).
 """
@@ -28,8 +28,6 @@ import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
-
-from .cpu_lora import ENV as CPU_LORA_ENV
 
 if TYPE_CHECKING:
     from ..config import EngineConfig, MIAConfig
@@ -62,8 +60,6 @@ def cuda_components(config: MIAConfig) -> list[str]:
 def spawn_env(config: EngineConfig) -> dict[str, str]:
     """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
-    if config.cpu_lora_ops == "grouped":
-        wanted[CPU_LORA_ENV] = "grouped"
     if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
         wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return wanted

@@ -23,6 +23,7 @@ from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 
 from ..config import EngineConfig
+from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
 from .startup import replica_for
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class VLLMEngine:
             max_loras=c.max_loras,
             max_cpu_loras=c.max_cpu_loras,
             seed=c.seed,
+            additional_config={CPU_LORA_KEY: c.cpu_lora_ops},  # read by engines/cpu_platform.py (CPU only)
             disable_log_stats=True,
             distributed_executor_backend=executor_backend(c),
             structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from vllm.lora.ops import torch_ops
@@ -94,26 +96,73 @@ def test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded(num_token
     torch.testing.assert_close(out[~is_base], x[~is_base] @ a[0, 0].T)
 
 
-def test_register_installs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def _decode_shrink(wrapper_class: type, indices: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """One decode-step shrink through a Punica wrapper, with ``indices`` as its tokens' adapters."""
+    wrapper = wrapper_class(max_num_batched_tokens=64, max_batches=8, device="cpu")
+    wrapper._token_lora_indices[: len(indices)] = indices
+    wrapper.indices_len[0] = len(indices)
+    out = torch.zeros(len(indices), RANK)
+    wrapper._shrink_decode(out, x, a, 1.0)
+    return out
+
+
+def test_the_grouped_wrapper_is_vllms_code_on_our_ops() -> None:
+    """vLLM's CPU wrapper gives a "no adapter" token the last slot; the grouped one, the same vLLM code
+    on our ops, gives it nothing; vLLM's own module is left as it was."""
     from vllm.lora.punica_wrapper import punica_cpu
 
-    original = {name: getattr(punica_cpu, name) for name in cpu_lora.OPS}
-    monkeypatch.delenv(cpu_lora.ENV, raising=False)
-    cpu_lora.register()
-    assert punica_cpu.bgmv_shrink is original["bgmv_shrink"]
-    monkeypatch.setenv(cpu_lora.ENV, "grouped")
-    for name, op in original.items():
-        monkeypatch.setattr(punica_cpu, name, op)  # restored after the test
-    cpu_lora.register()
-    assert all(getattr(punica_cpu, name) is op for name, op in cpu_lora.OPS.items())
+    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+
+    indices = torch.tensor([0, -1, 0, -1, 1])
+    x = torch.randn(len(indices), HIDDEN, generator=torch.Generator().manual_seed(3))
+    a = torch.randn(SLOTS, 1, RANK, HIDDEN, generator=torch.Generator().manual_seed(4))  # last slot loaded
+    ours = _decode_shrink(GroupedPunicaWrapperCPU, indices, x, a)
+    theirs = _decode_shrink(punica_cpu.PunicaWrapperCPU, indices, x, a)
+    assert torch.all(ours[indices < 0] == 0) and not torch.all(theirs[indices < 0] == 0)
+    torch.testing.assert_close(ours[indices >= 0], theirs[indices >= 0])
+    assert GroupedPunicaWrapperCPU._shrink_decode.__code__ is punica_cpu.PunicaWrapperCPU._shrink_decode.__code__
+    assert punica_cpu.bgmv_shrink is torch_ops.bgmv_shrink
 
 
-def test_register_refuses_a_vllm_without_the_ops(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Asked for and not installable (a vLLM that renamed its CPU ops): the engine fails to start, loudly,
-    instead of serving with vLLM's ops and the "no adapter" bug behind a warning."""
-    from vllm.lora.punica_wrapper import punica_cpu
+def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
+    """A vLLM whose CPU wrapper renamed an op: grouped ops asked for fail the engine's start, by name."""
+    from mia_engine.engines.cpu_punica import with_ops
 
-    monkeypatch.setenv(cpu_lora.ENV, "grouped")
-    monkeypatch.delattr(punica_cpu, "bgmv_expand_slice")  # restored after the test
-    with pytest.raises(RuntimeError, match="cpu_lora_ops"):
-        cpu_lora.register()
+    class Renamed:  # never called; what counts is which global names its methods load
+        def shrink(self, x: torch.Tensor) -> None:
+            torch_ops.bgmv_shrink_v2(x)
+
+        def expand(self, x: torch.Tensor) -> None:
+            torch_ops.bgmv_expand(x)  # an attribute of the module, not the global name: not ours to replace
+
+    with pytest.raises(RuntimeError, match="cpu_lora_ops") as refused:
+        with_ops(Renamed, cpu_lora.OPS, "Grouped")
+    assert "'bgmv_shrink'" in str(refused.value) and "'bgmv_expand'" in str(refused.value)
+
+
+@pytest.mark.parametrize(("choice", "wrapper"), [("grouped", "GroupedPunicaWrapperCPU"),
+                                                 ("vllm", "PunicaWrapperCPU"), (None, "PunicaWrapperCPU")])
+def test_each_engine_config_picks_its_wrapper(monkeypatch: pytest.MonkeyPatch, choice: str | None,
+                                              wrapper: str) -> None:
+    import vllm.config
+
+    from mia_engine.engines.cpu_platform import MIACpuPlatform
+
+    extra = {} if choice is None else {cpu_lora.CONFIG_KEY: choice}
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: SimpleNamespace(additional_config=extra))
+    assert MIACpuPlatform.get_punica_wrapper().rsplit(".", 1)[1] == wrapper
+
+
+def test_the_platform_plugin_is_active_on_a_cpu_build_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.platforms
+
+    assert cpu_lora.platform_plugin() == "mia_engine.engines.cpu_platform.MIACpuPlatform"
+    monkeypatch.setattr(vllm.platforms, "cpu_platform_plugin", lambda: None)  # a GPU build
+    assert cpu_lora.platform_plugin() is None
+
+
+def test_the_served_engine_runs_the_grouped_wrapper(tiny_server) -> None:
+    """End to end: the tiny config asks for grouped ops (the default), and vLLM's engine process, which
+    resolves the platform and builds the wrapper itself, names the wrapper it built in the server log."""
+    log = tiny_server.log_path.read_text(errors="replace")
+    assert "Using GroupedPunicaWrapperCPU" in log and "Using PunicaWrapperCPU" not in log
