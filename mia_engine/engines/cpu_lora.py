@@ -6,8 +6,11 @@ that gather costs more than the model itself: on the tiny model it was 60% of th
 time in the research benchmark (py-spy, bench/RESULTS.md). They also read index -1 ("no adapter") as
 the last adapter slot, so a base-model request batched with a full set of adapters picks up the last
 one. These replacements group the tokens by adapter and do one matmul per adapter present, and treat
--1 as no adapter (that fix alone, the ``masked_fill_`` in ``_lora_delta``, is the part worth sending
-upstream).
+-1 as no adapter. That fix alone is the part worth sending upstream, as a small change to vLLM's
+``torch_ops`` bgmv/sgmv functions: after the gather, zero the rows whose index is negative (the
+``masked_fill_`` in ``_lora_delta``); its regression test is
+``tests/engines/test_cpu_lora.py::test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded``,
+which fails on vLLM's ops with the last slot loaded.
 
 How they reach vLLM, through its extension points and nothing else: ``platform_plugin`` (the
 ``vllm.platform_plugins`` entry point) makes a CPU build of vLLM use ``engines/cpu_platform.py``, vLLM's
