@@ -37,12 +37,13 @@ def _globals_read(code: types.CodeType) -> set[str]:
 
 def with_ops(base: type, ops: dict[str, object], name: str) -> type:
     """A subclass of ``base`` whose methods call ``ops`` wherever ``base``'s call the same global names."""
-    methods = {attr: _on_ops(member, ops) for attr, member in vars(base).items()
-               if isinstance(member, types.FunctionType) and _globals_read(member.__code__) & set(ops)}
-    called = set().union(*(_globals_read(method.__code__) for method in methods.values())) & set(ops)
+    functions = {attr: member for attr, member in vars(base).items() if isinstance(member, types.FunctionType)}
+    calls = {attr: _globals_read(function.__code__) & set(ops) for attr, function in functions.items()}
+    called = set().union(*calls.values())
     if called != set(ops):
         raise RuntimeError(f"{base.__qualname__} no longer calls {sorted(set(ops) - called)}: the grouped CPU "
                            "LoRA ops cannot be used with this vLLM; set engines.<name>.cpu_lora_ops = \"vllm\"")
+    methods = {attr: _on_ops(functions[attr], ops) for attr, used in calls.items() if used}
     return type(name, (base,), {"__module__": __name__, "__doc__": f"{base.__qualname__} on {sorted(ops)}.",
                                 **methods})
 
