@@ -127,7 +127,11 @@ class AgentConfig(Frozen):
     evidence_max_words: int = 600
     """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
     planner_max_words: int = 400
-    """Word limit the plan prompt asks for (every question: the plan prompt has no image variant)."""
+    """Word limit the plan prompt asks for (reference: 400)."""
+    planner_max_words_image: int = 300
+    """Word limit of the plan prompt for a question with an image (reference: 300)."""
+    caption_max_words: int = 60
+    """Word limit of the Manager's caption of a question's image."""
     replan_max_words: int = 200
     """Word limit the replan prompt asks for."""
     summary_max_words: int = 300
@@ -181,6 +185,8 @@ class AgentConfig(Frozen):
     """Area Chair sampling (reference: temperature 0)."""
     manager: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
     """Workflow-summary sampling (reference: temperature 0)."""
+    caption: RoleSampling = RoleSampling(temperature=0.0, max_tokens=160)
+    """Sampling of the Manager's image caption (greedy: the caption is a retrieval key)."""
     rewards: RewardWeights = RewardWeights()
     """Eq. 4 weights."""
     review_weights: ReviewWeights = ReviewWeights()
@@ -198,8 +204,8 @@ class AgentConfig(Frozen):
                  "replan_max_turns and tool_response_max_words must be >= 0")
         require(self.reflection_max_tokens >= 1 and self.evidence_max_words >= 1,
                  "reflection_max_tokens and evidence_max_words must be >= 1")
-        words = (self.trace_max_words, self.planner_max_words, self.replan_max_words, self.summary_max_words,
-                 self.review_reason_max_words)
+        words = (self.trace_max_words, self.planner_max_words, self.planner_max_words_image, self.caption_max_words,
+                 self.replan_max_words, self.summary_max_words, self.review_reason_max_words)
         require(min(words) >= 1, "word limits must be >= 1")
         require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
         require(self.advantage_eps > 0, "advantage_eps must be > 0")

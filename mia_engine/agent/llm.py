@@ -7,8 +7,9 @@ nothing here knows about vLLM, so logic around it is tested with a fake client.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from contextlib import aclosing
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -50,17 +51,18 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
 
 
 async def complete(
-    client: ChatClient, model: str, messages: list[dict[str, str]], options: SamplingOptions,
-    request_id: str | None = None,
+    client: ChatClient, model: str, messages: list[dict[str, Any]], options: SamplingOptions,
+    request_id: str | None = None, images: Sequence[Any] = (),
 ) -> list[str]:
-    """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts."""
+    """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts.
+    ``images``: the decoded images whose ``{"type": "image"}`` parts the messages hold, in order."""
     prompt_ids = await client.render_chat(model, messages)
-    return [c.text for c in await complete_ids(client, model, prompt_ids, options, request_id)]
+    return [c.text for c in await complete_ids(client, model, prompt_ids, options, request_id, images)]
 
 
 async def complete_ids(
     client: ChatClient, model: str, prompt_ids: list[int], options: SamplingOptions,
-    request_id: str | None = None,
+    request_id: str | None = None, images: Sequence[Any] = (),
 ) -> list[Completion]:
     """Generate from a prompt already in token space; the n completions with their token ids."""
     # What is left of the context (raises once the prompt fills it), capped by the role's budget: a
@@ -69,7 +71,8 @@ async def complete_ids(
     options = msgspec.structs.replace(options, max_tokens=min(options.max_tokens, room) if options.max_tokens else room)
     completions = [Completion("", [])] * options.n
     request_id = request_id or f"agent-{uuid.uuid4().hex}"
-    async with aclosing(client.generate(model, prompt_ids, options, request_id, stream=False)) as outputs:
+    extra = {"images": list(images)} if images else {}  # text-only calls keep the plain signature
+    async with aclosing(client.generate(model, prompt_ids, options, request_id, stream=False, **extra)) as outputs:
         async for deltas in outputs:
             for delta in deltas:
                 if 0 <= delta.index < len(completions):  # non-streaming: each delta is a whole completion

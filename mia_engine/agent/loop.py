@@ -5,6 +5,9 @@
     → judge → reward → consolidate
 
 The low-latency path is the same loop with G = 1, greedy sampling, no judge and no consolidation.
+A question with an image adds one stage first: the Manager captions the image; the caption keys
+retrieval (``text_image`` buckets), goes into the plan prompt and is stored with the workflows, and
+the Executor sees the image itself and may search for similar images once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -55,6 +58,8 @@ class ResearchRequest(msgspec.Struct, frozen=True):
     """Retrieve memories for the plan and (when learning) store workflows; False = no memory at all."""
     use_planner: bool = True
     """False: the Executor alone runs plain ReAct (no plan, no reflection, no Router): a baseline."""
+    image: Any = None
+    """The question's image, decoded (an RGB ``PIL.Image``), or None for a text question."""
 
     @property
     def is_exploring(self) -> bool:
@@ -71,6 +76,8 @@ class ResearchResult(msgspec.Struct):
     new_memory_ids: list[str]
     timings: dict[str, float]
     """Seconds per stage."""
+    caption: str | None = None
+    """The Manager's caption of the question's image (None for a text question)."""
 
 
 class ResearchAgent:
@@ -90,16 +97,21 @@ class ResearchAgent:
         emit = emit or _ignore
         timings: dict[str, float] = {}
         clock = _Clock(timings)
+        caption = None
+        if request.image is not None:
+            with clock("caption"):
+                caption = await self._caption(request.image)
+            emit("caption", {"caption": caption})
         memories, used_ids = prompts.NO_MEMORIES, []
         if request.use_memory and request.use_planner:
             with clock("retrieve"):
-                memories, used_ids = await self._retrieve(request.question)
+                memories, used_ids = await self._retrieve(request.question, caption)
         plan_prompt: list[int] = []
         completions: list[Completion | None] = [None] * request.num_rollouts
         affinity = uuid.uuid4().hex  # one replica for the G plans and every Planner turn that continues them
         if request.use_planner:
             with clock("plan"):
-                plan_prompt, planned = await self._plan(request, memories, affinity)
+                plan_prompt, planned = await self._plan(request, memories, caption, affinity)
             completions = list(planned)
         plans = [strip_think(c.text) if c is not None else "" for c in completions]
         emit("plans", {"num_plans": len(plans)})
@@ -109,7 +121,7 @@ class ResearchAgent:
         with clock("execute"):
             runs = await asyncio.gather(*(
                 self.runner.run(request.question, plan_prompt, c, plan, i, emit, request.data_id,
-                                explore=request.is_exploring, affinity=affinity)
+                                explore=request.is_exploring, affinity=affinity, image=request.image)
                 for i, (c, plan) in enumerate(zip(completions, plans))))
         rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                     for plan, (trajectory, ex, rf) in zip(plans, runs)]
@@ -121,25 +133,34 @@ class ResearchAgent:
             emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
         if request.learn and request.use_memory:  # only a request that asked to learn writes memory
             with clock("consolidate"):
-                new_ids = await self._consolidate(request.question, rollouts, used_ids, rollouts[chosen])
+                new_ids = await self._consolidate(request.question, caption, rollouts, used_ids, rollouts[chosen])
         if request.learn and self.on_learn is not None and request.use_planner:
             with clock("learn_submit"):
                 await self.on_learn(rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
-                              new_ids, timings)
+                              new_ids, timings, caption)
 
-    async def _retrieve(self, question: str) -> tuple[str, list[str]]:
-        result = await self.memory.search(question)
+    async def _caption(self, image: Any) -> str:
+        """The Manager's description of the image (its engine must take images: checked at admission)."""
+        text = prompts.CAPTION.render(max_words=self.config.caption_max_words)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        (caption,) = await complete(self.client, self.config.roles.manager, messages,
+                                    sampling_options(self.config.caption), images=[image])
+        return truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
+
+    async def _retrieve(self, question: str, caption: str | None) -> tuple[str, list[str]]:
+        result = await self.memory.search(question, caption=caption or None)
         positives = [(h.entry.question, h.entry.workflow_summary) for h in result.positives]
         negatives = [(h.entry.question, h.entry.workflow_summary) for h in result.negatives]
         used = [h.entry.id for h in (*result.positives, *result.negatives)]
         return prompts.render_memories(positives, negatives), used
 
-    async def _plan(self, request: ResearchRequest, memories: str,
+    async def _plan(self, request: ResearchRequest, memories: str, caption: str | None,
                     affinity: str) -> tuple[list[int], list[Completion]]:
         """(the Planner's prompt ids, the G plans): one request with n = G."""
-        text = prompts.render_plan_prompt(request.question, memories, self.config.planner_max_words)
+        max_words = self.config.planner_max_words if request.image is None else self.config.planner_max_words_image
+        text = prompts.render_plan_prompt(request.question, memories, max_words, caption)
         messages = [{"role": "user", "content": text}]
         num = request.num_rollouts
         temperature = self.config.planner_rollout_temperature if request.is_exploring else None
@@ -186,7 +207,7 @@ class ResearchAgent:
         timings = msgspec.structs.replace(rollout.timings, judge_s=time.perf_counter() - start)
         return msgspec.structs.replace(rollout, verdict=verdict, first_verdict=first, timings=timings)
 
-    async def _consolidate(self, question: str, rollouts: list[Rollout], used_ids: list[str],
+    async def _consolidate(self, question: str, caption: str | None, rollouts: list[Rollout], used_ids: list[str],
                            chosen: Rollout) -> list[str]:
         """Memory counters of what was retrieved, then the shortest success and one failure, summarised
         by the Manager, as workflow memories (and a Meta Plan pair when both exist)."""
@@ -199,7 +220,7 @@ class ResearchAgent:
         summaries = await asyncio.gather(*(self._summarise(question, r) for r in selected))
         records = [summarised(question, r, summary, self.config.trace_max_words)
                    for r, summary in zip(selected, summaries)]
-        result = await self.memory.consolidate_group(question, records)
+        result = await self.memory.consolidate_group(question, records, caption=caption or None)
         return [added.id for added in (result.positive, result.negative) if added is not None]
 
     async def _summarise(self, question: str, rollout: Rollout) -> str:

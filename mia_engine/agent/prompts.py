@@ -56,7 +56,14 @@ plan must contain no factual claims.
 Question: {question}
 """)
 
-CAPTION_BLOCK = Template("planner.caption_block", "\nThe question comes with an image. Image description: {caption}\n")
+CAPTION_BLOCK = Template("planner.caption_block", """
+The question comes with an image, which the agent can see and you cannot. Image description: {caption}
+The agent also has `web_image_to_image_search`, which finds images similar to the question's image \
+and their titles; it can be called only once.
+""")
+"""The image variant of the plan prompt: the reference names the image-search tool (once) and asks for
+300 words (``agent.planner_max_words_image``); our text Planner also gets the Manager's caption, since
+it cannot see the image and would otherwise plan blind."""
 
 MEMORY_SECTION = Template("planner.memory_section", "{heading}\n{examples}\n")
 POSITIVE_HEADING = "Positive Examples (Successful Strategies)"
@@ -142,6 +149,16 @@ Passages:
 Question: {question}
 """)
 """The answer-only call of ``agent.answer_from = "evidence"``: the question and the retrieved passages, nothing else."""
+
+# ---- Manager: image captions ---------------------------------------------------------------------
+
+CAPTION = Template("manager.caption", """\
+Describe this image for someone who cannot see it, in at most {max_words} words: what it shows (objects, \
+people, animals, buildings, places), any visible text, and anything that could identify it. Do not \
+answer any question; only describe.""")
+"""The Manager's caption of a question's image: fed to memory retrieval (the 0.2 caption term), stored
+with the workflow memories, and shown to the Planner (MIA.md, "Images"). The reference's captions were
+collected in advance with its own prompt, not published; this one asks for what retrieval needs."""
 
 # ---- Router --------------------------------------------------------------------------------------
 
@@ -263,7 +280,7 @@ Trajectory:
 """)
 
 TEMPLATES: tuple[Template, ...] = (
-    PLAN, CAPTION_BLOCK, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
+    PLAN, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
     REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
     REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
 )

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -27,12 +28,14 @@ from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import ToolContext, Tools
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 Emit = Callable[[str, dict], None]
 """Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 
 TURN_OVERHEAD_CHARS = 160
 """Tags, newlines and the JSON skeleton of a structured turn, with room to spare (about 100 are used)."""
+EVIDENCE_TOOLS = ("search", "web_image_to_image_search")
+"""Tools whose successful results the evidence answer reads (passages; titles of similar images)."""
 ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)
 """An ``<answer>`` and its body (to the end when unclosed): stripped from the turn a replan continues."""
 
@@ -51,6 +54,8 @@ class _Run:
     """Replica key of this rollout's Executor turns (its growing prefix stays on one replica)."""
     planner_affinity: str | None = None
     """Replica key of the Planner's reflection and replan (the replica that sampled the plan)."""
+    images: list[Any] = field(default_factory=list)
+    """The question's image, sent with every Executor turn (its first message holds the image part)."""
 
     def last_answer(self) -> str | None:
         """The ``<answer>`` of the last turn; None when the trajectory ended without one (malformed
@@ -68,24 +73,32 @@ class RolloutRunner:
         limits = config.regex
         regex_limits = dict(max_think_chars=limits.max_think_chars, max_answer_chars=limits.max_answer_chars,
                             max_query_chars=limits.max_query_chars, max_queries=limits.max_queries)
-        self._turn_regexes = {allow: executor_turn_regex(tools.names(), allow_answer=allow, **regex_limits)
-                              for allow in (True, False)}
+        self._turn_regexes = {(allow, with_image): executor_turn_regex(tools.names(with_image=with_image),
+                                                                       allow_answer=allow, **regex_limits)
+                              for allow in (True, False) for with_image in (True, False)}
         self._answer_regex = executor_turn_regex([], **regex_limits)
 
     async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, plan: str,
                   index: int, emit: Emit, data_id: str = "", *, explore: bool = False,
-                  affinity: str | None = None) -> tuple[Trajectory, float, float]:
+                  affinity: str | None = None, image: Any = None) -> tuple[Trajectory, float, float]:
         """(trajectory, executor seconds, reflection seconds) of one plan (``plan``: its visible text, as the
         loop stripped it from ``plan_completion``); without a completion (None) the
         Executor runs plain ReAct: no guide, no reflection. ``explore``: the Planner's reflection and
         replan are sampled from the policy as the learner scores them (the rollout temperature,
         unconstrained), not greedily. ``affinity``: the question's replica key; the Planner's turns use it
-        (they continue the G-plan request's prefix), the Executor's turns add the rollout index."""
+        (they continue the G-plan request's prefix), the Executor's turns add the rollout index.
+        ``image``: the question's image: the Executor sees it and is offered image-to-image search."""
         planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [])
-        context = ToolContext(data_id)
-        executor_prompt = prompts.render_executor_prompt(self.tools.schemas(), question, plan or None)
-        run = _Run([{"role": "user", "content": executor_prompt}], question,
-                   affinity=f"{affinity}/{index}" if affinity else None, planner_affinity=affinity)
+        context = ToolContext(data_id, image=image)
+        with_image = image is not None
+        executor_prompt = prompts.render_executor_prompt(self.tools.schemas(with_image=with_image), question,
+                                                         plan or None)
+        content: str | list[dict[str, str]] = executor_prompt
+        if with_image:
+            content = [{"type": "image"}, {"type": "text", "text": executor_prompt}]
+        run = _Run([{"role": "user", "content": content}], question,
+                   affinity=f"{affinity}/{index}" if affinity else None, planner_affinity=affinity,
+                   images=[image] if with_image else [])
         start = time.perf_counter()
         await self._react(run, context, index, emit, self.config.max_turns)
         first_answer = await self._answer(run, index, emit)
@@ -113,16 +126,17 @@ class RolloutRunner:
         """The trajectory's answer: the Executor's own, or (``answer_from = "evidence"``) one read off the
         passages its searches returned."""
         own = run.last_answer()
-        evidence = [o.text for o in run.observations if o is not None and o.is_success and o.tool == "search"]
+        evidence = [o.text for o in run.observations if o is not None and o.is_success and o.tool in EVIDENCE_TOOLS]
         if self.config.answer_from != "evidence" or not evidence:
             return own
         passages = truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
         text = prompts.EVIDENCE_ANSWER.render(passages=passages, question=run.question)
         # one line, no constraint: a bounded free-text regex costs xgrammar seconds to compile under load
         options = sampling_options(self.config.answer, stop=["\n"])
+        content: str | list[dict[str, str]] = [{"type": "image"}, {"type": "text", "text": text}] if run.images else text
         try:
-            (answer,) = await complete(self.client, self.config.roles.executor, [{"role": "user", "content": text}],
-                                       options)
+            (answer,) = await complete(self.client, self.config.roles.executor, [{"role": "user", "content": content}],
+                                       options, images=run.images)
         except ValueError as err:
             emit("executor_stopped", {"rollout": index, "detail": str(err)})
             return own
@@ -139,7 +153,8 @@ class RolloutRunner:
                 run.messages[-1] = {**last, "content": last["content"] + "\n\n"
                                     + prompts.FINAL_ANSWER.render(question=run.question)}
             try:
-                (text,) = await complete(self.client, self.config.roles.executor, run.messages, options)
+                (text,) = await complete(self.client, self.config.roles.executor, run.messages, options,
+                                         images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
                 emit("executor_stopped", {"rollout": index, "detail": str(err)})
                 return
@@ -166,7 +181,7 @@ class RolloutRunner:
             regex = executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,
                                         fixed_query=run.question)
         elif self.config.structured_executor:
-            regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls]
+            regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls, bool(run.images)]
         options = sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex,
                                    affinity_key=run.affinity)
         if regex is None:

@@ -24,8 +24,10 @@ SEARCH, IMAGE_SEARCH = "search", "web_image_to_image_search"
 class ToolContext:
     """Per-trajectory state: the question's id (for the image cache) and the image searches made so far."""
 
-    def __init__(self, data_id: str = "") -> None:
+    def __init__(self, data_id: str = "", image: Any = None) -> None:
         self.data_id = data_id
+        self.image = image
+        """The question's image (a decoded ``PIL.Image``), the query of a local image index."""
         self.num_image_searches = 0
 
 

@@ -34,9 +34,14 @@ class FakeClient:
     script: Script
     calls: list[tuple[str, str]] = field(default_factory=list)
     options: list[tuple[str, SamplingOptions]] = field(default_factory=list)
+    images: list[tuple[str, list]] = field(default_factory=list)
+    """(model, images) of every generate call."""
+    first_messages: list[tuple[str, object]] = field(default_factory=list)
+    """(model, content of the first message) of every rendered chat."""
 
-    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
-        return user_ids(messages[-1]["content"])
+    async def render_chat(self, model: str, messages: list[dict]) -> list[int]:
+        self.first_messages.append((model, messages[0]["content"]))
+        return user_ids(message_text(messages[-1]["content"]))
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         return [*ids, *GLUE, *user_ids(user_text)]
@@ -45,9 +50,10 @@ class FakeClient:
         return requested or 100
 
     async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
-                       stream: bool) -> AsyncIterator[list[CompletionDelta]]:
+                       stream: bool, images: list | None = None) -> AsyncIterator[list[CompletionDelta]]:
         prompt = last_user_text(prompt_ids)
         self.calls.append((model, prompt))
+        self.images.append((model, list(images or [])))
         self.options.append((model, options))
         texts = [self.script(model, prompt, options) for _ in range(options.n)]
         yield [CompletionDelta(i, text, 1, token_ids=fake_ids(text)) for i, text in enumerate(texts)]
@@ -55,6 +61,13 @@ class FakeClient:
 
 GLUE = [-7, -8, -9]
 """What the fake chat template puts between turns (before the next user message's ids)."""
+
+
+def message_text(content: str | list[dict]) -> str:
+    """The fake template's text of a message: an image part renders as ``[image]``."""
+    if isinstance(content, str):
+        return content
+    return "".join("[image]" if part["type"] == "image" else part["text"] for part in content)
 
 
 def user_ids(text: str) -> list[int]:
@@ -81,9 +94,12 @@ class FakeSearch:
 class FakeMemory:
     consolidated: list = field(default_factory=list)
     outcomes: list = field(default_factory=list)
+    captions: list = field(default_factory=list)
+    """The caption of every search and consolidation, in call order."""
 
-    async def search(self, question: str) -> SearchResult:
-        return SearchResult("text/others", [], [])
+    async def search(self, question: str, *, caption: str | None = None) -> SearchResult:
+        self.captions.append(("search", caption))
+        return SearchResult("text_image/others" if caption else "text/others", [], [])
 
     async def search_meta_plans(self, question: str) -> list:
         return []
@@ -92,7 +108,8 @@ class FakeMemory:
         self.outcomes.append((list(ids), success))
         return 0
 
-    async def consolidate_group(self, question: str, rollouts) -> ConsolidationResult:
+    async def consolidate_group(self, question: str, rollouts, *, caption: str | None = None) -> ConsolidationResult:
+        self.captions.append(("consolidate", caption))
         self.consolidated.append(list(rollouts))
         return ConsolidationResult()
 
@@ -371,3 +388,43 @@ async def test_one_rollout_keeps_to_one_replica_key() -> None:
     executor_keys = {o.affinity_key for m, o in client.options if m == "executor"}
     (question_key,) = planner_keys
     assert question_key and executor_keys == {f"{question_key}/0", f"{question_key}/1"}
+
+
+async def test_image_question_caption_keys_memory_plan_and_executor_sees_the_image() -> None:
+    """The image variant of the loop: the Manager captions the image (and gets it), retrieval and the
+    stored workflows carry the caption, the plan prompt has it and the image tool, and every Executor
+    turn carries the image, whose first message holds the image part."""
+    image = object()  # the loop passes the image through; only the engine decodes it
+
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "manager" and prompt.startswith("[image]Describe this image"):
+            return "<think>hmm</think>A stone bridge over a wide river"
+        return role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL)(model, prompt,
+                                                                                                  options)
+
+    agent, client, memory = agent_with(script, max_replans=0)
+    result = await agent.research(ResearchRequest("Which river is this?", ["Seine"], learn=True, image=image))
+    assert result.answer == "Seine"
+    assert result.caption == "A stone bridge over a wide river"
+    assert memory.captions == [("search", result.caption), ("consolidate", result.caption)]
+    (plan_prompt,) = [p for m, p in client.calls if m == "planner"]
+    assert result.caption in plan_prompt and "web_image_to_image_search" in plan_prompt
+    assert "at most 300 words" in plan_prompt
+    with_images = {m: imgs for m, imgs in client.images if imgs}
+    assert with_images["manager"] == [image] and with_images["executor"] == [image]
+    assert all(imgs == [image] for m, imgs in client.images if m == "executor")
+    executor_first = [content for m, content in client.first_messages if m == "executor"]
+    assert all(isinstance(c, list) and c[0] == {"type": "image"} for c in executor_first)
+    assert '"web_image_to_image_search"' in executor_first[0][1]["text"]
+
+
+async def test_text_question_sends_no_image_and_offers_no_image_tool() -> None:
+    agent, client, memory = agent_with(role_script(executor=lambda p: ANSWER), max_replans=0)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert result.caption is None and memory.captions == [("search", None)]
+    assert all(imgs == [] for _, imgs in client.images)
+    assert not any("Describe this image" in p for _, p in client.calls)
+    (executor_prompt,) = [content for m, content in client.first_messages if m == "executor"]
+    assert isinstance(executor_prompt, str) and "web_image_to_image_search" not in executor_prompt
+    plan_prompt = next(p for m, p in client.calls if m == "planner")
+    assert "at most 400 words" in plan_prompt
