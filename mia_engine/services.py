@@ -32,8 +32,9 @@ class Services:
         self.config = config
         self.metrics = Metrics()
         self.roles = RoleServer(config)
+        self.roles.usage = self.metrics
         self.memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
-        self.agent = AgentHandle(config)
+        self.agent = AgentHandle(config, stages=self.metrics)
         planner = config.agent.roles.planner
         self.learner = TestTimeLearner(config.learner, self.roles.adapters,
                                        config.resolved_data_dir() / "adapters" / planner, planner,

@@ -17,6 +17,7 @@ from ..tools.registry import Tools
 from ..tools.search import LocalSearch
 from ..tools.web import WebSearch
 from .loop import OnLearn, ResearchAgent
+from .stages import StageObserver
 
 if TYPE_CHECKING:
     from ..memory.handle import MemoryHandle
@@ -31,9 +32,11 @@ class AgentUnavailable(RuntimeError):
 class AgentHandle(StartupHandle[ResearchAgent]):
     unavailable = AgentUnavailable
 
-    def __init__(self, config: MIAConfig) -> None:
+    def __init__(self, config: MIAConfig, stages: StageObserver | None = None) -> None:
         super().__init__()
         self.config = config
+        self.stages = stages
+        """Sees every research-loop stage start and finish (the server's metrics)."""
         self._tools: Tools | None = None
         self._search: LocalSearch | None = None
         self.index_progress = BuildProgress()
@@ -66,7 +69,7 @@ class AgentHandle(StartupHandle[ResearchAgent]):
         """The agent over the prepared tools (``prepare`` first)."""
         if self._tools is None:
             return
-        self._started(ResearchAgent(client, memory, self._tools, self.config.agent, on_learn))
+        self._started(ResearchAgent(client, memory, self._tools, self.config.agent, on_learn, self.stages))
         log.info("research agent ready (model `mia`)")
 
     def close(self) -> None:

@@ -16,8 +16,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -30,6 +29,7 @@ from .plan_decisions import parse_plan_choice, plan_choice_schema
 from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
+from .stages import StageObserver, StageTimer
 from ..memory.entries import SummarisedRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
@@ -84,19 +84,21 @@ class ResearchAgent:
     """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
 
     def __init__(self, client: ChatClient, memory: MemoryService | MemoryHandle, tools: Tools, config: AgentConfig,
-                 on_learn: OnLearn | None = None) -> None:
+                 on_learn: OnLearn | None = None, stages: StageObserver | None = None) -> None:
         self.client = client
         self.memory = memory
         self.config = config
         self.on_learn = on_learn
         """Receives each learning question's judged rollouts (the test-time learner)."""
-        self.runner = RolloutRunner(client, tools, config)
+        self.stages = StageTimer(stages)
+        """Times every stage for ``stages`` (the server's metrics) and each request's ``timings``."""
+        self.runner = RolloutRunner(client, tools, config, self.stages)
         self._rng = random.Random(config.seed)
 
     async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
         emit = emit or _ignore
         timings: dict[str, float] = {}
-        clock = _Clock(timings)
+        clock = self.stages.for_request(timings)
         caption = None
         if request.image is not None:
             with clock("caption"):
@@ -135,7 +137,7 @@ class ResearchAgent:
             with clock("consolidate"):
                 new_ids = await self._consolidate(request.question, caption, rollouts, used_ids, rollouts[chosen])
         if request.learn and self.on_learn is not None and request.use_planner:
-            with clock("learn_submit"):
+            with clock("learn"):
                 await self.on_learn(rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
@@ -255,18 +257,3 @@ def _trajectory_text(question: str, trajectory: Trajectory, max_words: int) -> s
 
 def _ignore(stage: str, details: dict) -> None:
     return None
-
-
-class _Clock:
-    """``with clock("stage"):`` adds the stage's wall time to ``timings``."""
-
-    def __init__(self, timings: dict[str, float]) -> None:
-        self.timings = timings
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start

@@ -24,6 +24,7 @@ from .llm import ChatClient, Completion, complete, complete_ids, sampling_option
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
 from .records import PlannerTokens, Trajectory
+from .stages import StageTimer
 from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import ToolContext, Tools
@@ -66,10 +67,11 @@ class _Run:
 class RolloutRunner:
     """Runs rollouts for one engine client, tool set and agent config (shared by all questions)."""
 
-    def __init__(self, client: ChatClient, tools: Tools, config: AgentConfig) -> None:
+    def __init__(self, client: ChatClient, tools: Tools, config: AgentConfig, stages: StageTimer | None = None) -> None:
         self.client = client
         self.tools = tools
         self.config = config
+        self.stages = stages or StageTimer()
         limits = config.regex
         regex_limits = dict(max_think_chars=limits.max_think_chars, max_answer_chars=limits.max_answer_chars,
                             max_query_chars=limits.max_query_chars, max_queries=limits.max_queries)
@@ -135,8 +137,9 @@ class RolloutRunner:
         options = sampling_options(self.config.answer, stop=["\n"])
         content: str | list[dict[str, str]] = [{"type": "image"}, {"type": "text", "text": text}] if run.images else text
         try:
-            (answer,) = await complete(self.client, self.config.roles.executor, [{"role": "user", "content": content}],
-                                       options, images=run.images)
+            with self.stages("evidence_answer"):
+                (answer,) = await complete(self.client, self.config.roles.executor,
+                                           [{"role": "user", "content": content}], options, images=run.images)
         except ValueError as err:
             emit("executor_stopped", {"rollout": index, "detail": str(err)})
             return own
@@ -153,8 +156,9 @@ class RolloutRunner:
                 run.messages[-1] = {**last, "content": last["content"] + "\n\n"
                                     + prompts.FINAL_ANSWER.render(question=run.question)}
             try:
-                (text,) = await complete(self.client, self.config.roles.executor, run.messages, options,
-                                         images=run.images)
+                with self.stages("execute_turn"):
+                    (text,) = await complete(self.client, self.config.roles.executor, run.messages, options,
+                                             images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
                 emit("executor_stopped", {"rollout": index, "detail": str(err)})
                 return
@@ -206,7 +210,8 @@ class RolloutRunner:
                 return None
             return Observation(f"Error: {turn.tool_call_error}", False)
         emit("tool_call", {"rollout": index, "name": turn.tool_call.name, "arguments": turn.tool_call.arguments})
-        observation = await self.tools.call(turn.tool_call, context, max_words=self.config.tool_response_max_words)
+        with self.stages("tool_call"):
+            observation = await self.tools.call(turn.tool_call, context, max_words=self.config.tool_response_max_words)
         run.num_tool_calls += 1
         run.num_successful_tool_calls += int(observation.is_success)
         emit("observation", {"rollout": index, "is_success": observation.is_success,
@@ -227,14 +232,16 @@ class RolloutRunner:
         decision_options = msgspec.structs.replace(
             sampling_options(sampling, regex=regex, temperature=temperature, affinity_key=run.planner_affinity),
             max_tokens=min(sampling.max_tokens, self.config.reflection_max_tokens))
-        decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
+        with self.stages("reflect"):
+            decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
         if decision is None:
             return "", ""
         if not parse_yes_no(decision):
             return decision, ""
-        replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
-                                          sampling_options(sampling, temperature=temperature,
-                                                           affinity_key=run.planner_affinity))
+        with self.stages("replan"):
+            replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
+                                              sampling_options(sampling, temperature=temperature,
+                                                               affinity_key=run.planner_affinity))
         replan = strip_think(replan) if replan is not None else ""
         if not replan:
             return decision, ""

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vllm import SamplingParams
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -32,6 +32,12 @@ from .startup import applied_env, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
+
+
+class UsageObserver(Protocol):
+    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
+        """One finished request: its prompt tokens, how many of them the prefix cache served, tokens generated."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class RoleServer:
         self._error: str | None = None
         self.initial_adapters: dict[str, Path] = {}
         """Adapter folders that replace a role's configured one at start (the latest learned checkpoint)."""
+        self.usage: UsageObserver | None = None
+        """Told about every finished request (the server's per-role token and prefix-cache metrics)."""
 
     async def start(self) -> None:
         """Build/resolve models, spawn the engines (concurrently where ``start_groups`` allows), load
@@ -186,7 +194,11 @@ class RoleServer:
         async with lease as lora, aclosing(target.engine.generate(
                 prompt_ids, params, request_id, lora, options.affinity_key)) as outputs:
             try:
+                num_generated = 0
                 async for output in outputs:
+                    num_generated += sum(len(c.token_ids) for c in output.outputs)
+                    if output.finished and self.usage is not None:
+                        self.usage.record_usage(model, len(prompt_ids), output.num_cached_tokens or 0, num_generated)
                     yield to_deltas(output, options.logprobs)
             except EngineDeadError as err:
                 raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None

@@ -33,6 +33,34 @@ class Metrics:
                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
                                          registry=self.registry)
 
+        self.stage_latency = Histogram("mia_research_stage_seconds", "Research-loop stage time (agent/stages.py)",
+                                       ["stage"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.stage_in_flight = Gauge("mia_research_stage_in_flight", "Research-loop stages running", ["stage"],
+                                     registry=self.registry)
+        self.role_prompt_tokens = Counter("mia_role_prompt_tokens", "Prompt tokens sent to the engine by role "
+                                          "(HTTP requests and the research loop's own calls)", ["role"],
+                                          registry=self.registry)
+        self.role_cached_tokens = Counter("mia_role_prefix_cached_tokens", "Prompt tokens served from the prefix "
+                                          "cache by role (hit rate = this / mia_role_prompt_tokens)", ["role"],
+                                          registry=self.registry)
+        self.role_completion_tokens = Counter("mia_role_completion_tokens", "Generated tokens by role", ["role"],
+                                              registry=self.registry)
+        self.role_requests = Counter("mia_role_requests", "Engine requests by role", ["role"], registry=self.registry)
+
+    def stage_started(self, stage: str) -> None:
+        self.stage_in_flight.labels(stage).inc()
+
+    def stage_finished(self, stage: str, seconds: float) -> None:
+        self.stage_in_flight.labels(stage).dec()
+        self.stage_latency.labels(stage).observe(seconds)
+
+    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
+        """One finished engine request of ``role`` (an ``engines.roles.UsageObserver``)."""
+        self.role_requests.labels(role).inc()
+        self.role_prompt_tokens.labels(role).inc(prompt_tokens)
+        self.role_cached_tokens.labels(role).inc(cached_tokens)
+        self.role_completion_tokens.labels(role).inc(completion_tokens)
+
     def record_update(self, report: Any) -> None:
         """A ``learner.ttl.UpdateReport``."""
         self.learner_updates.labels("published" if report.is_published else "rejected").inc()

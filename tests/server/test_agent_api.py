@@ -117,3 +117,20 @@ def test_client_disconnect_cancels_the_research(tiny_server) -> None:
     assert _metric(tiny_server, metric) == before + 1
     in_flight = _metric(tiny_server, 'mia_requests_in_flight{model="executor"}')
     assert in_flight == 0
+
+
+def test_metrics_show_the_research_loop_stages_and_tokens_per_role(tiny_server, openai_client: OpenAI) -> None:
+    """One ``mia`` question moves the per-stage histograms and the per-role token and prefix-cache
+    counters; every stage it started has finished (in-flight gauges back to where they were)."""
+    stages = ("retrieve", "plan", "execute", "execute_turn", "tool_call")
+    before = {s: _metric(tiny_server, f'mia_research_stage_seconds_count{{stage="{s}"}}') for s in stages}
+    prompt = _metric(tiny_server, 'mia_role_prompt_tokens_total{role="executor"}')
+    openai_client.chat.completions.create(model="mia", messages=QUESTION, extra_body={"rollouts": 1})
+    for stage in stages:
+        assert _metric(tiny_server, f'mia_research_stage_seconds_count{{stage="{stage}"}}') > before[stage], stage
+    assert _metric(tiny_server, 'mia_role_prompt_tokens_total{role="executor"}') > prompt
+    assert _metric(tiny_server, 'mia_role_completion_tokens_total{role="planner"}') > 0
+    text = httpx.get(f"{tiny_server.base_url}/metrics").text
+    assert 'mia_role_prefix_cached_tokens_total{role="executor"}' in text
+    # a later Executor turn re-sends the earlier ones: the prefix cache serves some of them
+    assert _metric(tiny_server, 'mia_role_prefix_cached_tokens_total{role="executor"}') > 0
