@@ -121,6 +121,10 @@ class VLLMEngine:
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drop the cached KV blocks (a benchmark's replay starts cold, as the request it replays did)."""
+        return await self._llm.reset_prefix_cache()
+
     async def add_lora(self, request: LoRARequest) -> bool:
         return await self._llm.add_lora(request)
 

@@ -1,0 +1,207 @@
+"""The low-latency path near its floor: one ``mia`` question with ``rollouts = 1``, end to end over HTTP,
+against the sum of the LLM and tool calls on its critical path, each replayed alone on the idle engine.
+
+    python bench/bench_latency.py --questions 8 --out bench/results/latency.json
+
+The server runs in this process (the real app, uvicorn, on 127.0.0.1) so its engine calls can be
+recorded: every ``generate`` of the research loop (its role, prompt token ids, sampling options) and
+every tool call. After each question, the prefix cache is reset and the recorded calls are replayed one
+by one, in order, straight into the engine (and the tool): the first replayed call starts cold as the
+question did, later ones find the prefix cache warmed by the replayed earlier turns, as in the real
+run. With G = 1 every call is on the critical path. The ratio
+
+    overhead = wall time at the client / (sum of replayed LLM calls + sum of replayed tool calls)
+
+is what orchestration, HTTP, SSE, detokenisation, memory retrieval and scheduling add (goal: <= 1.10).
+A streamed request of the same question gives time to first event and time to the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.servers import free_port  # noqa: E402
+from bench.stats import percentile, report  # noqa: E402
+from mia_engine.cli import dotted_overrides  # noqa: E402
+from mia_engine.config import load_config  # noqa: E402
+from mia_engine.engines.client import SamplingOptions  # noqa: E402
+from mia_engine.server.app import build_app  # noqa: E402
+from mia_engine.services import Services  # noqa: E402
+from mia_engine.tools.registry import ToolContext  # noqa: E402
+
+QUESTIONS = ["Which river flows through Paris?", "Who wrote Pride and Prejudice?", "What is the capital of Sweden?",
+             "Who composed The Magic Flute?", "Where is the Suez Canal?", "Who painted Las Meninas?",
+             "When was the Hermitage Museum founded?", "Who directed Battleship Potemkin?"]
+
+
+class RecordingClient:
+    """The engine interface of the research loop, recording each ``generate`` (for the replay)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, list[int], SamplingOptions, dict]] = []
+        self.seconds = 0.0
+        """Time spent inside the recorded calls as they ran (in the question, not replayed)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+                       stream: bool, **extra: Any) -> AsyncIterator[Any]:
+        self.calls.append((model, list(prompt_ids), options, extra))
+        start = time.perf_counter()
+        try:
+            async for deltas in self.inner.generate(model, prompt_ids, options, request_id, stream=stream, **extra):
+                yield deltas
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+class RecordingTools:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[Any, str, int]] = []
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def call(self, call: Any, context: ToolContext, *, max_words: int) -> Any:
+        self.calls.append((call, context.data_id, max_words))
+        start = time.perf_counter()
+        try:
+            return await self.inner.call(call, context, max_words=max_words)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+async def replay(services: Services, client: RecordingClient, tools: RecordingTools) -> tuple[float, float]:
+    """(seconds of the recorded LLM calls, of the tool calls), each run alone, in order, prefix cache reset."""
+    for engine in services.roles.engines.values():
+        await engine.reset_prefix_cache()
+    llm = 0.0
+    for i, (model, prompt_ids, options, extra) in enumerate(client.calls):
+        start = time.perf_counter()
+        async for _ in services.roles.generate(model, prompt_ids, options, f"replay-{i}-{time.time_ns()}",
+                                               stream=False, **extra):
+            pass
+        llm += time.perf_counter() - start
+    tool = 0.0
+    for call, data_id, max_words in tools.calls:
+        start = time.perf_counter()
+        await tools.inner.call(call, ToolContext(data_id), max_words=max_words)
+        tool += time.perf_counter() - start
+    return llm, tool
+
+
+async def wait_ready(http: httpx.AsyncClient, serving: asyncio.Future) -> None:
+    while not serving.done():
+        try:
+            if (await http.get("/health")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.5)
+    serving.result()  # the server exited: raise its error
+    raise RuntimeError("the server exited before it was ready")
+
+
+async def ask(http: httpx.AsyncClient, question: str) -> tuple[float, dict[str, float]]:
+    """(wall time at the client, the loop's stage timings) of one question."""
+    start = time.perf_counter()
+    response = await http.post("/v1/chat/completions", json={
+        "model": "mia", "messages": [{"role": "user", "content": question}], "rollouts": 1, "return_trace": True})
+    response.raise_for_status()
+    return time.perf_counter() - start, response.json()["mia"]["timings"]
+
+
+async def ask_streaming(http: httpx.AsyncClient, question: str) -> tuple[float, float]:
+    """(time to the first event, time to the answer) of a streamed question."""
+    start = time.perf_counter()
+    first = None
+    async with http.stream("POST", "/v1/chat/completions", json={
+            "model": "mia", "messages": [{"role": "user", "content": question}], "rollouts": 1,
+            "stream": True}) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and first is None:
+                first = time.perf_counter() - start
+    return first or 0.0, time.perf_counter() - start
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="mia-latency-bench-"))
+    port = free_port()
+    config = load_config(args.config, {"data_dir": str(tmp), "server.port": port, **dotted_overrides(args.set)})
+    services = Services(config)
+    app = build_app(services.roles, config.server, start=services.start, stop=services.stop,
+                    components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
+                    agent=services.agent, metrics=services.metrics)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    serving = asyncio.ensure_future(server.serve())
+    rows: list[dict[str, float]] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=900) as http:
+        await wait_ready(http, serving)
+        agent = services.agent.agent
+        client, tools = RecordingClient(agent.client), RecordingTools(agent.runner.tools)
+        agent.client = agent.runner.client = client
+        agent.runner.tools = tools
+        await ask(http, "Warm-up: which river flows through Rome?")
+        for question in (QUESTIONS * args.questions)[:args.questions]:
+            client.calls.clear()
+            tools.calls.clear()
+            client.seconds = tools.seconds = 0.0
+            wall, stages = await ask(http, question)
+            num_llm, num_tool = len(client.calls), len(tools.calls)
+            in_run = {"llm_in_run_s": client.seconds, "tools_in_run_s": tools.seconds}
+            llm, tool = await replay(services, client, tools)
+            client.calls.clear()
+            tools.calls.clear()
+            first_event, answered = await ask_streaming(http, question)
+            rows.append({"wall_s": wall, "llm_alone_s": llm, "tools_alone_s": tool, "overhead": wall / (llm + tool),
+                         "num_llm_calls": num_llm, "num_tool_calls": num_tool, **in_run,
+                         "stream_first_event_s": first_event, "stream_answer_s": answered,
+                         "stages_s": stages})
+            print(f"{question[:40]:40s} wall {wall:6.2f} s  llm {llm:6.2f} s ({num_llm} calls)  tools {tool:5.3f} s "
+                  f"({num_tool})  overhead {rows[-1]['overhead']:.3f}  stream first {first_event:.3f} s",
+                  flush=True)
+    server.should_exit = True
+    await serving
+    return {
+        "config": args.config, "questions": len(rows),
+        "overhead_median": statistics.median(r["overhead"] for r in rows),
+        "overhead_p90": percentile([r["overhead"] for r in rows], 0.9),
+        "wall_median_s": statistics.median(r["wall_s"] for r in rows),
+        "critical_path_median_s": statistics.median(r["llm_alone_s"] + r["tools_alone_s"] for r in rows),
+        "stream_first_event_median_s": statistics.median(r["stream_first_event_s"] for r in rows),
+        "stream_answer_median_s": statistics.median(r["stream_answer_s"] for r in rows),
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="config override, e.g. --set=--tools.index_dir=/path")
+    args = parser.parse_args()
+    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Soak: mixed traffic against the real server for a fixed time; errors, memory growth, learning.
+
+    python bench/soak.py --minutes 30 --out bench/results/soak.json
+
+One ``python -m mia_engine serve`` subprocess on 127.0.0.1 (``--config``, tiny by default) receives,
+concurrently and without pause: raw-role chat completions, ``mia`` questions with ``learn: true`` and
+their gold answers (the test-time-learning stream: memory writes and GRPO updates), and memory
+searches. Every ``--sample-s`` the RSS of the server and its children (engine cores) is sampled, and
+``/v1/adapters`` read. Reported: requests and errors per kind (any non-200 or transport error is an
+error), RSS growth after the warm-up (the first ``--warmup-fraction`` of the run), adapter versions
+published, and the learning stream's answer accuracy per window of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.servers import launch_mia  # noqa: E402
+from bench.stats import report  # noqa: E402
+from mia_engine.agent.judge import is_match  # noqa: E402
+
+
+def load_questions(path: Path) -> list[tuple[str, list[str]]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    questions = []
+    for row in rows:
+        answers = row.get("answers", row.get("answer", []))
+        questions.append((row["question"], [answers] if isinstance(answers, str) else list(answers)))
+    return questions
+
+
+class Soak:
+    def __init__(self, base_url: str, questions: list[tuple[str, list[str]]], deadline: float, seed: int) -> None:
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=900)
+        self.questions = questions
+        self.deadline = deadline
+        self.rng = random.Random(seed)
+        self.requests: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.error_samples: list[str] = []
+        self.learning: list[tuple[float, bool]] = []
+        """(seconds since start, answer matched the gold answer) of each learning question."""
+        self.start = time.monotonic()
+
+    async def _post(self, kind: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.requests[kind] += 1
+        try:
+            response = await self.http.post(path, json=body)
+        except httpx.HTTPError as err:
+            self._error(kind, f"{type(err).__name__}: {err}")
+            return None
+        if response.status_code != 200:
+            self._error(kind, f"{response.status_code}: {response.text[:300]}")
+            return None
+        return response.json()
+
+    def _error(self, kind: str, detail: str) -> None:
+        self.errors[kind] += 1
+        if len(self.error_samples) < 20:
+            self.error_samples.append(f"{kind}: {detail}")
+
+    async def chat(self) -> None:
+        while time.monotonic() < self.deadline:
+            question, _ = self.rng.choice(self.questions)
+            await self._post("chat", "/v1/chat/completions", {
+                "model": "manager", "messages": [{"role": "user", "content": question}], "max_tokens": 32})
+
+    async def learn(self) -> None:
+        while time.monotonic() < self.deadline:
+            question, answers = self.rng.choice(self.questions)
+            out = await self._post("mia_learn", "/v1/chat/completions", {
+                "model": "mia", "messages": [{"role": "user", "content": question}], "learn": True,
+                "ground_truth": answers})
+            if out is not None:
+                answer = out["choices"][0]["message"]["content"] or ""
+                self.learning.append((time.monotonic() - self.start, is_match(answer, answers)))
+
+    async def memory_search(self) -> None:
+        while time.monotonic() < self.deadline:
+            question, _ = self.rng.choice(self.questions)
+            await self._post("memory_search", "/v1/memory/search", {"question": question})
+            await asyncio.sleep(0.2)
+
+    async def adapter_versions(self) -> int:
+        """The Planner's newest adapter version (1 = the initial one; -1 = unreadable)."""
+        try:
+            body = (await self.http.get("/v1/adapters")).json()
+        except (httpx.HTTPError, ValueError, KeyError):
+            return -1
+        return max((v["version"] for v in body["data"] if v["role"] == "planner"), default=0)
+
+
+def tree_rss_mb(pid: int) -> float:
+    try:
+        process = psutil.Process(pid)
+        members = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0
+    for member in members:
+        try:
+            total += member.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total / 2**20
+
+
+async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, float]]) -> None:
+    while time.monotonic() < soak.deadline:
+        samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": tree_rss_mb(pid),
+                        "adapter_version": await soak.adapter_versions()})
+        await asyncio.sleep(every_s)
+
+
+def windows(learning: list[tuple[float, bool]], duration_s: float, num: int) -> list[dict[str, float]]:
+    size = duration_s / num
+    out = []
+    for i in range(num):
+        hits = [ok for t, ok in learning if i * size <= t < (i + 1) * size]
+        out.append({"from_s": i * size, "questions": len(hits), "accuracy": sum(hits) / len(hits) if hits else None})
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="mia-soak-"))
+    server = launch_mia(tmp, args.config, *args.set)
+    try:
+        await asyncio.to_thread(server.wait_ready)
+        duration = args.minutes * 60
+        soak = Soak(server.base_url, load_questions(args.dataset), time.monotonic() + duration, args.seed)
+        samples: list[dict[str, float]] = []
+        workers = ([soak.chat() for _ in range(args.chat_workers)] + [soak.learn() for _ in range(args.learn_workers)]
+                   + [soak.memory_search() for _ in range(args.memory_workers)])
+        await asyncio.gather(sample(soak, server.process.pid, args.sample_s, samples), *workers)
+        is_healthy = (await soak.http.get("/health")).status_code == 200
+        await soak.http.aclose()
+    finally:
+        server.stop()
+    warm = [s for s in samples if s["t_s"] >= args.warmup_fraction * duration]
+    growth = warm[-1]["rss_mb"] - warm[0]["rss_mb"] if len(warm) > 1 else 0.0
+    return {
+        "minutes": args.minutes, "config": args.config, "requests": dict(soak.requests), "errors": dict(soak.errors),
+        "num_errors": sum(soak.errors.values()), "error_samples": soak.error_samples, "healthy_at_end": is_healthy,
+        "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else None, "rss_end_mb": warm[-1]["rss_mb"] if warm else None,
+        "rss_growth_after_warmup_mb": growth,
+        "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,
+        "learning_accuracy_by_window": windows(soak.learning, duration, args.windows),
+        "samples": samples,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--dataset", type=Path, default=Path(__file__).parent / "devset_wiki.jsonl")
+    parser.add_argument("--chat-workers", type=int, default=4)
+    parser.add_argument("--learn-workers", type=int, default=8)
+    parser.add_argument("--memory-workers", type=int, default=2)
+    parser.add_argument("--sample-s", type=float, default=15)
+    parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    parser.add_argument("--windows", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="extra serve arguments, e.g. --set=--learner.batch_size=4")
+    args = parser.parse_args()
+    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+
+
+if __name__ == "__main__":
+    main()
