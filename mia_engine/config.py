@@ -373,6 +373,9 @@ def _check(config: MIAConfig) -> None:
         _check_engine(name, engine)
     for name, role in config.roles.items():
         _check_role(config, name, role)
+    for field, model in msgspec.structs.asdict(config.agent.roles).items():
+        if model not in config.roles and model not in config.engines:
+            raise ConfigError(f"agent.roles.{field}: {model!r} is neither a role nor an engine of this config")
     if config.learner.temperature != config.agent.planner_rollout_temperature:
         raise ConfigError(f"learner.temperature: {config.learner.temperature} must equal "
                           f"agent.planner_rollout_temperature ({config.agent.planner_rollout_temperature}), the "

@@ -49,6 +49,7 @@ def test_dotted_overrides_apply() -> None:
     ({"memory.index_device": "gpu0"}, "memory"),
     ({"roles.mia.engine": "tiny"}, "mia"),
     ({"memory.embedder.batch_size": 0}, "memory.embedder"),
+    ({"agent.roles.captioner": "painter"}, "agent.roles.captioner"),
 ])
 def test_invalid_values_name_the_field(overrides: dict, field: str) -> None:
     with pytest.raises(ConfigError) as info:

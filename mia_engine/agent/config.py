@@ -37,7 +37,10 @@ class AgentRoles(Frozen):
     executor: str = "executor"
     """Runs the ReAct loop with the tools."""
     manager: str = "manager"
-    """Writes workflow summaries (and image captions) for the memory."""
+    """Writes workflow summaries for the memory."""
+    captioner: str = "manager"
+    """Captions a question's image (the reference's Manager). Its engine must take images; point it at
+    a vision-language engine's base model when the Manager's is text-only (configs/8xgpu.toml)."""
     judge: str = "judge"
     """Grades answers (supervised grader, the three reviewers and the Area Chair)."""
     router: str = "router"

@@ -144,10 +144,11 @@ class ResearchAgent:
                               new_ids, timings, caption)
 
     async def _caption(self, image: Any) -> str:
-        """The Manager's description of the image (its engine must take images: checked at admission)."""
+        """The captioner's (the Manager's) description of the image; its engine takes images (checked at
+        admission)."""
         text = prompts.CAPTION.render(max_words=self.config.caption_max_words)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-        (caption,) = await complete(self.client, self.config.roles.manager, messages,
+        (caption,) = await complete(self.client, self.config.roles.captioner, messages,
                                     sampling_options(self.config.caption), images=[image])
         return truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
 

@@ -92,6 +92,9 @@ class MemoryHandle(StartupHandle[MemoryService]):
     async def export_records(self) -> list[StoredRecord]:
         return await self.service.export_records()
 
+    async def import_records(self, records: Sequence[StoredRecord]) -> int:
+        return await self.service.import_records(records)
+
     async def import_jsonl(self, data: bytes) -> int:
         return await self.service.import_jsonl(data)
 

@@ -397,12 +397,13 @@ async def test_image_question_caption_keys_memory_plan_and_executor_sees_the_ima
     image = object()  # the loop passes the image through; only the engine decodes it
 
     def script(model: str, prompt: str, options: SamplingOptions) -> str:
-        if model == "manager" and prompt.startswith("[image]Describe this image"):
+        if model == "captioner" and prompt.startswith("[image]Describe this image"):
             return "<think>hmm</think>A stone bridge over a wide river"
         return role_script(executor=lambda p: ANSWER if p.startswith("<tool_response>") else CALL)(model, prompt,
                                                                                                   options)
 
-    agent, client, memory = agent_with(script, max_replans=0)
+    agent, client, memory = agent_with(script, max_replans=0,
+                                       roles=msgspec.structs.replace(AgentConfig().roles, captioner="captioner"))
     result = await agent.research(ResearchRequest("Which river is this?", ["Seine"], learn=True, image=image))
     assert result.answer == "Seine"
     assert result.caption == "A stone bridge over a wide river"
@@ -411,7 +412,7 @@ async def test_image_question_caption_keys_memory_plan_and_executor_sees_the_ima
     assert result.caption in plan_prompt and "web_image_to_image_search" in plan_prompt
     assert "at most 300 words" in plan_prompt
     with_images = {m: imgs for m, imgs in client.images if imgs}
-    assert with_images["manager"] == [image] and with_images["executor"] == [image]
+    assert with_images == {"captioner": [image], "executor": [image]}  # nobody else sees the image
     assert all(imgs == [image] for m, imgs in client.images if m == "executor")
     executor_first = [content for m, content in client.first_messages if m == "executor"]
     assert all(isinstance(c, list) and c[0] == {"type": "image"} for c in executor_first)
