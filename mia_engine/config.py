@@ -82,6 +82,26 @@ class AdmissionConfig(Frozen):
     """The ``Retry-After`` a 429 answers with."""
 
 
+class ImageInputConfig(Frozen):
+    """Which ``image_url`` parts the chat endpoint accepts, and how large (refused with a 400 naming the part)."""
+
+    max_bytes: int = 8 * 2**20
+    """Encoded size of one image (a data URL's bytes after base64 decoding, a file, a download)."""
+    max_pixels: int = 4096 * 4096
+    """Width x height of one image, checked from its header before it is decoded (decompression bombs)."""
+    max_images_per_request: int = 1
+    """Images in one request (an image question carries one, as in the paper's benchmarks)."""
+    formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+    """Pillow format names accepted, detected from the bytes (a GIF's first frame is used)."""
+    file_root: str = ""
+    """Folder under which ``file://`` URLs and plain paths may be read (symlinks resolved; nothing outside
+    it); empty = local files are refused."""
+    allow_remote: bool = False
+    """Fetch ``http(s)://`` image URLs (off: the server makes no outbound requests for a client)."""
+    fetch_timeout_s: float = 10.0
+    """Timeout of one remote image fetch (``allow_remote``)."""
+
+
 class ServerConfig(Frozen):
     """The HTTP front end."""
 
@@ -112,6 +132,7 @@ class ServerConfig(Frozen):
     """Largest ``n`` (completions per request) accepted."""
     limits: LimitsConfig = LimitsConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    images: ImageInputConfig = ImageInputConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server and of the engine."""
     access_log: bool = False
@@ -172,7 +193,10 @@ class EngineConfig(Frozen):
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
     language_model_only: bool = False
     """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
-    no vision-encoder memory reserved for profiling. For the Executor until the agent sends images."""
+    no vision-encoder memory reserved for profiling (when no role on it answers image questions)."""
+    max_images_per_prompt: int = 1
+    """Images one request may carry on a vision-language engine (vLLM's ``limit_mm_per_prompt``; it
+    profiles the vision encoder's memory for this many). An image question sends one."""
     enable_lora: bool = True
     """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
     max_lora_rank: int = 16
@@ -391,12 +415,14 @@ def _check_server(server: ServerConfig) -> None:
     for section in ("limits", "admission"):
         for field, value in msgspec.structs.asdict(getattr(server, section)).items():
             _check_positive(f"server.{section}.{field}", value)
+    for field in ("max_bytes", "max_pixels", "max_images_per_request", "fetch_timeout_s"):
+        _check_positive(f"server.images.{field}", getattr(server.images, field))
 
 
 def _check_engine(name: str, engine: EngineConfig) -> None:
     prefix = f"engines.{name}"
     for field in ("max_model_len", "tensor_parallel_size", "data_parallel_size", "max_num_seqs",
-                  "max_loras", "max_cpu_loras", "max_lora_rank"):
+                  "max_loras", "max_cpu_loras", "max_lora_rank", "max_images_per_prompt"):
         _check_positive(f"{prefix}.{field}", getattr(engine, field))
     if not 0 < engine.gpu_memory_utilization <= 1:
         raise ConfigError(f"{prefix}.gpu_memory_utilization: must be in (0, 1]")

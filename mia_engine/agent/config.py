@@ -154,6 +154,9 @@ class AgentConfig(Frozen):
     """With structured outputs, the query of the Executor's first search: ``model`` = its own (the
     reference); ``question`` = the question itself, enforced by the turn's regex (the model still writes
     its thinking). For models too small to write a search query (the embedded 135M default)."""
+    first_image_search: bool = False
+    """With structured outputs, an image question's first Executor turn is the image-to-image search
+    (enforced by the turn's regex); False = the reference's free choice. For models too small to pick it."""
     supervised_judge: Literal["llm", "match"] = "llm"
     """How an answer is graded against ground truth: ``llm`` = the SimpleQA-style grader (paper,
     reference); ``match`` = normalised exact-or-contains string match, for judge models too small to

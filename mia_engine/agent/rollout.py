@@ -27,7 +27,7 @@ from .records import PlannerTokens, Trajectory
 from .stages import StageTimer
 from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
 from ..tools.calls import Observation, truncate_words
-from ..tools.registry import ToolContext, Tools
+from ..tools.registry import IMAGE_SEARCH, ToolContext, Tools
 
 Messages = list[dict[str, Any]]
 Emit = Callable[[str, dict], None]
@@ -35,7 +35,7 @@ Emit = Callable[[str, dict], None]
 
 TURN_OVERHEAD_CHARS = 160
 """Tags, newlines and the JSON skeleton of a structured turn, with room to spare (about 100 are used)."""
-EVIDENCE_TOOLS = ("search", "web_image_to_image_search")
+EVIDENCE_TOOLS = ("search", IMAGE_SEARCH)
 """Tools whose successful results the evidence answer reads (passages; titles of similar images)."""
 ANSWER_BLOCK = re.compile(r"<answer>.*?(</answer>|$)", re.DOTALL)
 """An ``<answer>`` and its body (to the end when unclosed): stripped from the turn a replan continues."""
@@ -179,7 +179,12 @@ class RolloutRunner:
         regex = None
         if self._answer_only(is_last):
             regex = self._answer_regex
-        elif (self.config.structured_executor and self.config.first_query == "question" and not run.turns
+        elif self.config.structured_executor and self.config.first_image_search and run.images and not run.turns:
+            limits = self.config.regex
+            regex = executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=limits.max_think_chars)
+        elif (self.config.structured_executor and self.config.first_query == "question"
+              and not any(t.tool_call is not None and t.tool_call.name == "search" for t in run.turns)
+              and len(run.turns) <= int(bool(run.images) and self.config.first_image_search)
               and "search" in self.tools.names()):
             limits = self.config.regex
             regex = executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,

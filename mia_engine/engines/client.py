@@ -7,8 +7,8 @@ for its bare base model).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -100,14 +100,22 @@ class EngineClient(Protocol):
         context left after the prompt. Raises ``ContextLengthError`` when the prompt leaves no room."""
         ...
 
-    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template (with the generation prompt) and tokenize."""
+    def supports_images(self, model: str) -> bool:
+        """Requests to ``model`` may carry images (its engine serves a vision-language model)."""
+        ...
+
+    async def render_chat(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        """Apply the model's chat template (with the generation prompt) and tokenize. A message's content
+        is a string, or (on a model that takes images) a list of ``{"type": "text", "text": ...}`` and
+        ``{"type": "image"}`` parts; each image part becomes the template's image placeholder."""
         ...
 
     def generate(
-        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool
+        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[list[CompletionDelta]]:
-        """Yield deltas while generating (``stream``) or once with every completion whole.
+        """Yield deltas while generating (``stream``) or once with every completion whole. ``images``:
+        decoded RGB images for the prompt's image placeholders, in order.
 
         Raises ``InvalidGeneration`` or ``EngineUnavailable`` (at the first ``anext`` at the latest)."""
         ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class UsageObserver(Protocol):
-    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
-        """One finished request: its prompt tokens, how many of them the prefix cache served, tokens generated."""
+    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+                     num_images: int) -> None:
+        """One finished request: the prompt tokens the engine ran (image tokens included), how many of them
+        the prefix cache served, tokens generated, and images sent with it."""
         ...
 
 
@@ -154,7 +156,11 @@ class RoleServer:
                 f"{prompt_len + requested} tokens ({prompt_len} in the messages, {requested} in the completion).")
         return requested
 
-    async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
+    def supports_images(self, model: str) -> bool:
+        target = self._targets.get(model)
+        return target is not None and target.engine.supports_images
+
+    async def render_chat(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
         target = self._targets[model]
         tokenizer = target.engine.tokenizer
 
@@ -183,22 +189,27 @@ class RoleServer:
             None, lambda: tokenizer.encode(text, add_special_tokens=False))
 
     async def generate(
-        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool
+        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
+        images: Sequence[Any] = (),
     ) -> AsyncIterator[list[CompletionDelta]]:
         target = self._targets[model]
+        if images and not target.engine.supports_images:
+            raise InvalidGeneration(f"Model `{model}` does not take images: its engine `{target.engine.name}` serves "
+                                    "a text-only model (or runs with language_model_only).", "messages")
         try:
             params = sampling_params(options, target.sampling, stream)
         except (ValueError, VLLMClientError) as err:
             raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
         lease = self.adapters.acquire(target.adapter_role) if target.adapter_role else nullcontext(None)
         async with lease as lora, aclosing(target.engine.generate(
-                prompt_ids, params, request_id, lora, options.affinity_key)) as outputs:
+                prompt_ids, params, request_id, lora, options.affinity_key, images)) as outputs:
             try:
                 num_generated = 0
                 async for output in outputs:
                     num_generated += sum(len(c.token_ids) for c in output.outputs)
                     if output.finished and self.usage is not None:
-                        self.usage.record_usage(model, len(prompt_ids), output.num_cached_tokens or 0, num_generated)
+                        self.usage.record_usage(model, len(output.prompt_token_ids or prompt_ids),
+                                                output.num_cached_tokens or 0, num_generated, len(images))
                     yield to_deltas(output, options.logprobs)
             except EngineDeadError as err:
                 raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None

@@ -8,9 +8,10 @@ its spawned processes read only from the environment are applied by the caller a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,14 @@ from .startup import replica_for
 log = logging.getLogger(__name__)
 
 
+def has_vision_tower(model_dir: Path) -> bool:
+    """The model folder's ``config.json`` describes a vision tower (a vision-language model)."""
+    try:
+        return "vision_config" in json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def executor_backend(config: EngineConfig) -> str | None:
     """vLLM's ``distributed_executor_backend`` for this engine (None: vLLM decides)."""
     return None if config.executor_backend == "auto" else config.executor_backend
@@ -42,6 +51,8 @@ class VLLMEngine:
         self.config = config
         self.model_dir = model_dir
         self.max_lora_rank = config.max_lora_rank
+        self.supports_images = has_vision_tower(model_dir) and not config.language_model_only
+        """Requests may carry images: the model has a vision tower and the engine serves it."""
         self.tokenizer: Any = None
         self._llm: Any = None
 
@@ -79,6 +90,7 @@ class VLLMEngine:
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens or None,
             language_model_only=c.language_model_only,
+            limit_mm_per_prompt={"image": c.max_images_per_prompt} if self.supports_images else None,
             enable_lora=c.enable_lora,
             max_lora_rank=c.max_lora_rank,
             max_loras=c.max_loras,
@@ -108,10 +120,14 @@ class VLLMEngine:
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, lora: LoRARequest | None,
-        affinity_key: str | None = None,
+        affinity_key: str | None = None, images: Sequence[Any] = (),
     ) -> AsyncIterator[RequestOutput]:
-        """vLLM's stream for one request; closing it early aborts the request in the engine."""
+        """vLLM's stream for one request; closing it early aborts the request in the engine. ``images``
+        (decoded RGB images) fill the prompt's image placeholders in order; vLLM's processor expands
+        each placeholder token into the image's tokens."""
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
+        if images:
+            prompt["multi_modal_data"] = {"image": list(images)}
         rank = self.replica(affinity_key)
         async with aclosing(self._llm.generate(prompt, params, request_id, lora_request=lora,
                                                data_parallel_rank=rank)) as outputs:

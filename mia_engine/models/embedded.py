@@ -8,12 +8,14 @@ from pathlib import Path
 from .cache import build_once
 from .smollm2 import build_smollm2
 from .tiny import build_tiny
+from .tiny_vl import build_tiny_vl
 
 PREFIX = "embedded:"
 
 # name -> (cache folder, builder). Bump the folder's suffix whenever a builder's output changes.
 BUILDERS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "tiny": ("tiny-v1", build_tiny),
+    "tiny-vl": ("tiny-vl-v1", build_tiny_vl),
     "smollm2": ("smollm2-135m-instruct-v1", build_smollm2),
 }
 

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 
-def lora_shapes(config: dict, target_modules: list[str]) -> dict[str, tuple[int, int]]:
-    """(out_features, in_features) of every targeted linear layer of a Llama/Qwen-style decoder."""
+def lora_shapes(config: dict, target_modules: list[str], prefix: str = "model") -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of every targeted linear layer of a Llama/Qwen-style decoder whose
+    layers live under ``prefix`` (``model.language_model`` in a vision-language checkpoint)."""
     hidden = config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
     q_out = config["num_attention_heads"] * head_dim
@@ -30,7 +31,7 @@ def lora_shapes(config: dict, target_modules: list[str]) -> dict[str, tuple[int,
     for layer in range(config["num_hidden_layers"]):
         for name, shape in per_layer.items():
             if name.split(".")[-1] in target_modules:
-                shapes[f"model.layers.{layer}.{name}"] = shape
+                shapes[f"{prefix}.layers.{layer}.{name}"] = shape
     return shapes
 
 
@@ -45,6 +46,7 @@ def write_lora_adapter(
     b_std: float,
     base_model_name: str,
     dtype: torch.dtype = torch.float32,
+    module_prefix: str = "model",
 ) -> None:
     """Write a PEFT LoRA adapter with seeded A (Kaiming-like) and B ~ N(0, b_std).
 
@@ -53,7 +55,7 @@ def write_lora_adapter(
     """
     rng = np.random.default_rng(seed)
     tensors = {}
-    for module, (out_f, in_f) in lora_shapes(config, target_modules).items():
+    for module, (out_f, in_f) in lora_shapes(config, target_modules, module_prefix).items():
         prefix = f"base_model.model.{module}"
         a = rng.standard_normal((rank, in_f), dtype=np.float32) / np.sqrt(in_f)
         b = rng.standard_normal((out_f, rank), dtype=np.float32) * b_std

@@ -68,32 +68,35 @@ def _corpus(num_lines: int = 4000) -> list[str]:
     return lines
 
 
-def _build_tokenizer(out: Path) -> int:
-    """Train a byte-level BPE tokenizer and write the files ``AutoTokenizer`` and vLLM load."""
+def build_tokenizer(out: Path, extra_tokens: list[str] | tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE) -> int:
+    """Train a byte-level BPE tokenizer and write the files ``AutoTokenizer`` and vLLM load;
+    ``extra_tokens`` (e.g. a vision model's placeholders) are added after the protocol tags."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(PROTOCOL_TOKENS),
+        vocab_size=VOCAB_SIZE - len(PROTOCOL_TOKENS),  # the same merges whatever ``extra_tokens`` adds
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     tok.add_tokens(PROTOCOL_TOKENS)
+    if extra_tokens:
+        tok.add_special_tokens(list(extra_tokens))
     tok.save(str(out / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "model_max_length": CONTEXT,
         "clean_up_tokenization_spaces": False,
     }
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(out / "tokenizer_config.json", tokenizer_config)
     return tok.get_vocab_size()
 
 
@@ -158,7 +161,7 @@ def _weights(config: dict) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
@@ -166,12 +169,12 @@ def build_tiny(out: Path) -> None:
     """Build the tiny model into ``out``: ``base/`` (HF folder) and ``adapters/<role>/`` (PEFT)."""
     base = out / "base"
     base.mkdir(parents=True)
-    vocab_size = _build_tokenizer(base)
+    vocab_size = build_tokenizer(base)
     vocab = json.loads((base / "tokenizer.json").read_text())["added_tokens"]
     ids = {t["content"]: t["id"] for t in vocab}
     config = _model_config(vocab_size, ids["<|im_end|>"], ids["<|endoftext|>"])
-    _write_json(base / "config.json", config)
-    _write_json(base / "generation_config.json", {"eos_token_id": ids["<|im_end|>"]})
+    write_json(base / "config.json", config)
+    write_json(base / "generation_config.json", {"eos_token_id": ids["<|im_end|>"]})
     save_file(_weights(config), str(base / "model.safetensors"), metadata={"format": "pt"})
     for role, offset in ADAPTER_ROLES.items():
         write_lora_adapter(out / "adapters" / role, config, rank=8, alpha=16, target_modules=LORA_TARGETS,

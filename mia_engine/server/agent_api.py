@@ -22,12 +22,13 @@ from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import ContextLengthError
-from .chat import flatten_message, sse
+from .chat import message_text, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
+from .images import image_parts, load_images
 from .limits import check_question
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
-                            ChunkChoice, Delta, ImagePart)
+                            ChunkChoice, Delta)
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +54,16 @@ class AgentChat:
         self.config = config
         self.metrics = metrics
 
-    def research_request(self, request: ChatCompletionRequest) -> ResearchRequest:
-        """Validate the agent-specific parts of a chat request (before any work starts)."""
+    async def research_request(self, request: ChatCompletionRequest) -> ResearchRequest:
+        """Validate the agent-specific parts of a chat request (before any work starts); decode its image."""
         if not self.source.is_ready():
             raise Unavailable(self.source.not_ready_reason(), code="engine_not_ready")
         index, message = next(((i, m) for i, m in reversed(list(enumerate(request.messages))) if m.role == "user"),
                               (None, None))
         if message is None:
             raise BadRequest("The research agent needs a user message with the question.", param="messages")
-        if isinstance(message.content, list) and any(isinstance(p, ImagePart) for p in message.content):
-            raise BadRequest("Image questions need a vision-capable Manager engine to caption them; this "
-                             "configuration has none.", param=f"messages[{index}].content")
-        question = flatten_message(index, message)["content"].strip()
+        image = await self._question_image(request, index)
+        question = message_text(message).strip()
         if not question:
             raise BadRequest("The question is empty.", param=f"messages[{index}].content")
         check_question(question, f"messages[{index}].content", self.config.limits)
@@ -73,7 +72,28 @@ class AgentChat:
             raise BadRequest(f"rollouts = {rollouts} is more than this server allows "
                              f"({self.config.limits.max_rollouts}).", param="rollouts")
         truth = [request.ground_truth] if isinstance(request.ground_truth, str) else request.ground_truth
-        return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "")
+        return ResearchRequest(question, truth, rollouts, request.learn, request.data_id or "", image=image)
+
+    async def _question_image(self, request: ChatCompletionRequest, index: int) -> Any:
+        """The question's image (None without one): decoded and checked, and only when the captioner and
+        the Executor both take images."""
+        if not image_parts(request.messages):
+            return None
+        agent = self._agent()
+        roles = agent.config.roles
+        blind = [role for role in dict.fromkeys((roles.captioner, roles.executor))
+                 if not agent.client.supports_images(role)]
+        if blind:
+            raise BadRequest(f"Image questions need roles that take images; in this configuration "
+                             f"{', '.join(f'`{r}`' for r in blind)} run on a text-only engine (see "
+                             "agent.roles.captioner and the engines' models).", param="messages",
+                             code="images_not_supported")
+        images = await load_images(request.messages, self.config.images)
+        stray = [item for item in images if item.message != index]
+        if stray:
+            raise BadRequest("The research agent takes the image of the question (the last user message) only.",
+                             param=stray[0].param)
+        return images[0].image
 
     async def check_fits(self, research: ResearchRequest) -> None:
         """Question and ground truth must leave room in every role's context (they are quoted in its prompts,
@@ -176,7 +196,7 @@ def trace(result: ResearchResult, *, full: bool) -> dict[str, Any]:
             item["observations"] = [obs.text if obs else None for obs in t.observations]
         rollouts.append(item)
     return {"chosen": result.chosen, "rollouts": rollouts, "memory_ids_used": result.memory_ids_used,
-            "new_memory_ids": result.new_memory_ids, "timings": result.timings}
+            "new_memory_ids": result.new_memory_ids, "timings": result.timings, "caption": result.caption}
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -15,6 +15,7 @@ from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
                               InvalidGeneration, SamplingOptions, TokenLogprob)
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
+from .images import image_parts, load_images
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                             Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut,
@@ -29,6 +30,8 @@ class PreparedChat(msgspec.Struct):
     options: SamplingOptions
     request_id: str
     created: int
+    images: list[Any] = []
+    """Decoded images for the prompt's image placeholders, in order."""
 
 
 class Generation(NamedTuple):
@@ -51,7 +54,13 @@ class ChatService:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
-        messages = [flatten_message(i, m) for i, m in enumerate(request.messages)]
+        images: list[Any] = []
+        if image_parts(request.messages):
+            if not self.client.supports_images(request.model):
+                raise BadRequest(f"The model `{request.model}` does not take images (its engine serves a text-only "
+                                 "model); send images to a vision-language role or to `mia`.", param="messages")
+            images = [item.image for item in await load_images(request.messages, self.config.images)]
+        messages = [template_message(m) if images else flatten_message(i, m) for i, m in enumerate(request.messages)]
         try:
             prompt_ids = await self.client.render_chat(request.model, messages)
         except Exception as err:  # chat templates raise on sequences they don't accept
@@ -63,7 +72,7 @@ class ChatService:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
         return PreparedChat(request, prompt_ids, _options(request, max_tokens),
-                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images)
 
     def check_model(self, model: str) -> None:
         if not self.client.has_model(model):
@@ -129,8 +138,9 @@ class ChatService:
         status, num_tokens, is_first = "cancelled", 0, True
         self.metrics.in_flight.labels(model).inc()
         try:
+            extra = {"images": chat.images} if chat.images else {}
             async with aclosing(self.client.generate(model, chat.prompt_ids, chat.options, chat.request_id,
-                                                     stream=stream)) as deltas:
+                                                     stream=stream, **extra)) as deltas:
                 async for batch in deltas:
                     if is_first:
                         self.metrics.first_token.labels(model).observe(time.perf_counter() - start)
@@ -149,8 +159,25 @@ class ChatService:
             self.metrics.latency.labels(model).observe(time.perf_counter() - start)
 
 
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """A message for a vision-language chat template: text and ``{"type": "image"}`` parts, in order."""
+    content = message.content
+    if not isinstance(content, list):
+        return {"role": message.role, "content": content or ""}
+    parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"} for p in content]
+    return {"role": message.role, "content": parts}
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a message, its image parts left out (the research agent takes the image separately)."""
+    content = message.content
+    if not isinstance(content, list):
+        return content or ""
+    return "\n".join(p.text for p in content if isinstance(p, TextPart))
+
+
 def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
-    """Text content only: the raw roles are text models (images go to the research agent)."""
+    """Text content only, for a text model (an image part is refused)."""
     content = message.content
     if content is None:
         return {"role": message.role, "content": ""}
@@ -159,8 +186,7 @@ def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
     texts = []
     for part in content:
         if not isinstance(part, TextPart):
-            raise BadRequest("Image inputs are only accepted by the research agent model `mia`.",
-                             param=f"messages[{index}].content")
+            raise BadRequest("This model does not take images.", param=f"messages[{index}].content")
         texts.append(part.text)
     return {"role": message.role, "content": "\n".join(texts)}
 

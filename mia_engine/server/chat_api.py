@@ -90,7 +90,7 @@ class ChatHandlers:
     async def _research(self, request: Request, body: ChatCompletionRequest) -> Response:
         agent_chat = self._agent_chat
         assert agent_chat is not None
-        research_request = agent_chat.research_request(body)
+        research_request = await agent_chat.research_request(body)
         await agent_chat.check_fits(research_request)
         if body.stream:
             return StreamingResponse(agent_chat.stream(body, research_request), media_type="text/event-stream",

@@ -46,6 +46,8 @@ class Metrics:
         self.role_completion_tokens = Counter("mia_role_completion_tokens", "Generated tokens by role", ["role"],
                                               registry=self.registry)
         self.role_requests = Counter("mia_role_requests", "Engine requests by role", ["role"], registry=self.registry)
+        self.role_images = Counter("mia_role_images", "Images sent to the engine by role", ["role"],
+                                   registry=self.registry)
 
     def stage_started(self, stage: str) -> None:
         self.stage_in_flight.labels(stage).inc()
@@ -54,9 +56,11 @@ class Metrics:
         self.stage_in_flight.labels(stage).dec()
         self.stage_latency.labels(stage).observe(seconds)
 
-    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> None:
+    def record_usage(self, role: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+                     num_images: int) -> None:
         """One finished engine request of ``role`` (an ``engines.roles.UsageObserver``)."""
         self.role_requests.labels(role).inc()
+        self.role_images.labels(role).inc(num_images)
         self.role_prompt_tokens.labels(role).inc(prompt_tokens)
         self.role_cached_tokens.labels(role).inc(cached_tokens)
         self.role_completion_tokens.labels(role).inc(completion_tokens)
