@@ -67,3 +67,35 @@ def test_failed_build_leaves_nothing(tmp_path: Path) -> None:
     except RuntimeError:
         pass
     assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_tiny_vl_build_is_deterministic_and_its_adapters_reach_the_language_model(tmp_path: Path) -> None:
+    """Two builds are byte-identical; transformers loads the VL model, an image changes its logits, and the
+    planner adapter's module names match the language model (PEFT changes the logits: vLLM reads the
+    same names)."""
+    import torch
+    from peft import PeftModel
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from mia_engine.models.tiny_vl import build_tiny_vl
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    build_tiny_vl(first)
+    build_tiny_vl(second)
+    assert tree_digest(first) == tree_digest(second)
+    base_dir = first / "base"
+    processor = AutoProcessor.from_pretrained(base_dir)
+    model = AutoModelForImageTextToText.from_pretrained(base_dir, dtype=torch.float32)
+    text = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is this"}]}],
+        tokenize=False, add_generation_prompt=True)
+
+    def logits(model, colour: tuple[int, int, int]) -> torch.Tensor:
+        inputs = processor(text=[text], images=[[Image.new("RGB", (80, 60), colour)]], return_tensors="pt")
+        return model(**inputs).logits[0, -1]
+
+    red = logits(model, (220, 20, 20))
+    assert not torch.allclose(red, logits(model, (20, 20, 220)))  # the image reaches the language model
+    peft_model = PeftModel.from_pretrained(model, first / "adapters" / "planner")
+    assert not torch.allclose(logits(peft_model, (220, 20, 20)), red)
