@@ -251,3 +251,43 @@ def test_the_store_never_passes_max_num_stored(new_store: StoreOpener, tmp_path:
     before = state_of(store)
     store.close()
     assert state_of(new_store(tmp_path, config)) == before  # the clearing was journaled with the write
+
+
+def test_a_caption_reranks_retrieval_as_the_papers_score_says(new_store: StoreOpener, tmp_path: Path,
+                                                              rng: Generator) -> None:
+    """Sim = 0.8 cos(q) + 0.2 cos(caption), min-max normalised in the bucket, Score = 0.7 Ŝ + 0.3 Val
+    + 0.3 Freq (MIA.md), computed here independently of the store: the store's order and scores agree,
+    and the caption changes which memory comes first."""
+    store = new_store(tmp_path)
+    query_q, query_c = unit(rng), unit(rng)
+    # "close": the question's twin with an unrelated caption; "pictured": a less similar question whose
+    # caption is the query's; the rest are noise with usage history
+    close_q = query_q + 0.55 * unit(rng)
+    pictured_q = query_q + 0.8 * unit(rng)
+    specs = [(close_q / np.linalg.norm(close_q), -query_c, 0), (pictured_q / np.linalg.norm(pictured_q), query_c, 0),
+             *((unit(rng), unit(rng), int(rng.integers(0, 6))) for _ in range(6))]
+    ids = []
+    for key_q, key_c, uses in specs:
+        entry = make_entry(key_q, key_c=key_c, caption="c", num_uses=uses, num_successes=int(rng.integers(0, uses + 1)))
+        store.add(entry)
+        ids.append(entry.id)
+    stored = [store.get(i) for i in ids]
+
+    def expected(with_caption: bool) -> list[tuple[str, float]]:
+        keys_q = np.stack([np.frombuffer(e.question_embedding, dtype="<f4") for e in stored])
+        keys_c = np.stack([np.frombuffer(e.caption_embedding, dtype="<f4") for e in stored])
+        sim = 0.8 * keys_q @ query_q + 0.2 * keys_c @ query_c if with_caption else keys_q @ query_q
+        norm = (sim - sim.min()) / (sim.max() - sim.min() + 1e-8)
+        uses = np.array([e.num_uses for e in stored], dtype=np.float64)
+        wins = np.array([e.num_successes for e in stored], dtype=np.float64)
+        score = 0.7 * norm + 0.3 * wins / (uses + 1) + 0.3 / (uses + 1)
+        return sorted(((e.id, float(s)) for e, s in zip(stored, score)), key=lambda item: -item[1])
+
+    for with_caption in (True, False):
+        result = store.search(query_q, query_c if with_caption else None, store.bucket_key("text_image", None),
+                              num_positive=len(stored), num_negative=0)
+        got = [(hit.entry.id, hit.score) for hit in result.positives]
+        want = expected(with_caption)
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
+        assert got[0][0] == (ids[1] if with_caption else ids[0])  # the caption moves "pictured" ahead
