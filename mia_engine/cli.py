@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
     index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
+    index.add_argument("--images", type=Path, default=None, metavar="DIR",
+                       help="index the images under DIR for image-to-image search instead (tools.image_index)")
     return parser
 
 
@@ -170,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
         evaluate(config, args.config, overrides, EvalOptions(args.dataset, args.out, args.plot, args.split, args.limit,
                                                              args.epochs, tuple(args.modes), args.concurrency))
+    elif args.command == "index" and args.images is not None:
+        from .index import build_images
+
+        print(build_images(config, args.images))
     elif args.command == "index":
         from .index import build
 

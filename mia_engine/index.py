@@ -1,4 +1,5 @@
-"""``python -m mia_engine index``: build the configured corpus's passage index (cached; progress bar)."""
+"""``python -m mia_engine index``: build the configured corpus's passage index, or with ``--images DIR`` a
+local image index for image-to-image search (both cached; progress bar)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,10 @@ def build(config: MIAConfig) -> Path:
                            passage_prefix=tools.passage_prefix, batch_size=tools.index_build_batch, progress=True)
     finally:
         encoder.close()
+
+
+def build_images(config: MIAConfig, images_dir: Path) -> Path:
+    """The image index of ``images_dir`` where ``serve`` looks for it (no text encoder is loaded)."""
+    from .tools.image_index import build_image_index, image_index_dir
+
+    return build_image_index(images_dir, image_index_dir(config), config.tools.image_encoder)

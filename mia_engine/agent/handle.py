@@ -13,6 +13,7 @@ from ..memory.embedder import Embedder
 from ..readiness import StartupHandle
 from ..tools.corpus import BuildProgress, index_root
 from ..tools.image import ImageSearch
+from ..tools.image_index import load_image_index
 from ..tools.registry import Tools
 from ..tools.search import LocalSearch
 from ..tools.web import WebSearch
@@ -62,7 +63,9 @@ class AgentHandle(StartupHandle[ResearchAgent]):
             self._search = await loop.run_in_executor(None, LocalSearch.from_config, tools, encoder,
                                                       index_root(self.config), True, self.index_progress)
         web = WebSearch(tools) if tools.is_web_enabled else None
-        image = ImageSearch(tools.image_cache_dir, tools.image_top_k) if tools.image_cache_dir else None
+        local_images = await loop.run_in_executor(None, load_image_index, self.config)
+        image = (ImageSearch(tools.image_cache_dir, tools.image_top_k, local_images)
+                 if tools.image_cache_dir or local_images is not None else None)
         return Tools(tools, local=self._search, web=web, image=image)
 
     async def start(self, client: Any, memory: MemoryHandle, on_learn: OnLearn | None = None) -> None:

@@ -52,6 +52,12 @@ class ToolsConfig(Frozen):
     """Timeout of one web search request."""
     image_cache_dir: str = ""
     """Folder of pre-fetched image-search results, ``<dir>/<data_id>/meta.json`` + images; empty = off."""
+    image_index: str = ""
+    """A local image index built by ``python -m mia_engine index --images DIR``; empty =
+    ``<data_dir>/tools/image_index`` when it exists (image search then matches the question's image)."""
+    image_encoder: str = "thumbnail"
+    """Encoder of the image index: ``thumbnail`` (training-free near-duplicate matching,
+    tools/image_index.py) or a local sentence-transformers CLIP folder."""
     image_top_k: int = 3
     """Images returned by image-to-image search (reference: 3)."""
     max_image_searches: int = 1

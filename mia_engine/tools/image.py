@@ -29,14 +29,22 @@ class ImageHit(msgspec.Struct, frozen=True):
 
 
 class ImageSearch:
-    def __init__(self, cache_dir: str, top_k: int = 3) -> None:
+    """Image-to-image search: the question's image against a local image index (``index --images``)
+    when one is loaded, else the pre-fetched results of the question's ``data_id`` (the reference's)."""
+
+    def __init__(self, cache_dir: str, top_k: int = 3, local: Any = None) -> None:
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self._top_k = top_k
+        self._local = local
+        """A ``LocalImageIndex``, or None."""
 
-    async def search(self, data_id: str, top_k: int | None = None) -> list[ImageHit]:
-        """The cached results of question ``data_id`` (file reads run in a thread)."""
+    async def search(self, data_id: str, top_k: int | None = None, image: Any = None) -> list[ImageHit]:
+        """Hits for the question's ``image`` (local index) or its ``data_id`` (cache); work runs in a thread."""
+        if self._local is not None and image is not None:
+            return await asyncio.to_thread(self._local.search, image, top_k or self._top_k)
         if self._cache_dir is None:
-            raise ToolUnavailable("image search is off: set tools.image_cache_dir")
+            raise ToolUnavailable("image search is off: build a local image index (python -m mia_engine index "
+                                  "--images DIR) or set tools.image_cache_dir")
         if not data_id or "/" in data_id or data_id in (".", ".."):
             raise ToolUnavailable(f"image search has no cached results for question id {data_id!r}")
         folder = self._cache_dir / data_id

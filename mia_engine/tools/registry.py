@@ -90,9 +90,10 @@ class Tools:
             return _failed(IMAGE_SEARCH, f"Error: {IMAGE_SEARCH} may be called only "
                                          f"{self._config.max_image_searches} time(s) per question.")
         if self._image is None:
-            raise ToolUnavailable("image search is off: set tools.image_cache_dir")
+            raise ToolUnavailable("image search is off: build a local image index (python -m mia_engine index "
+                                  "--images DIR) or set tools.image_cache_dir")
         context.num_image_searches += 1
-        hits = await self._image.search(context.data_id, self._config.image_top_k)
+        hits = await self._image.search(context.data_id, self._config.image_top_k, context.image)
         text = truncate_words(render_hits(hits), max_words)
         return Observation(text, bool(hits), IMAGE_SEARCH, [hit.path for hit in hits if hit.path])
 
