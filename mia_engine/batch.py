@@ -17,7 +17,7 @@ from tqdm import tqdm
 from .agent.judge import is_match
 from .agent.loop import ResearchRequest, ResearchResult
 from .config import MIAConfig
-from .data import Question, load_dataset
+from .data import Question, load_dataset, question_image
 from .services import Services, with_services
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,11 @@ def done_ids(out: Path) -> set[str]:
     return ids
 
 
-def research_request(question: Question, rollouts: int, learn: bool) -> ResearchRequest:
+def research_request(question: Question, rollouts: int, learn: bool, image: Any = None) -> ResearchRequest:
     """A question's request: its answers are the ground truth (supervised judge); a question without
-    answers has none, so a learning pass judges it unsupervised (three reviewers and the Area Chair)."""
-    return ResearchRequest(question.question, question.answers or None, rollouts, learn, question.id)
+    answers has none, so a learning pass judges it unsupervised (three reviewers and the Area Chair).
+    ``image``: the question's decoded image (``data.question_image``)."""
+    return ResearchRequest(question.question, question.answers or None, rollouts, learn, question.id, image=image)
 
 
 def result_row(question: Question, result: ResearchResult, epoch: int) -> dict[str, Any]:
@@ -60,7 +61,8 @@ async def _answer_all(services: Services, questions: list[Question], out: Path, 
 
     async def one(question: Question) -> None:
         async with gate:
-            request = research_request(question, rollouts, learn)
+            image = await asyncio.to_thread(question_image, question) if question.image is not None else None
+            request = research_request(question, rollouts, learn, image)
             result = await services.agent.agent.research(request)
         row = result_row(question, result, epoch)
         rows.append(row)

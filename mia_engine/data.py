@@ -129,3 +129,22 @@ def _image(value: Any, base: Path | None) -> str | bytes | None:
         path = Path(value).expanduser()
         return str(base / path) if base is not None and not path.is_absolute() else str(path)
     return None
+
+
+def question_image(question: Question) -> Any:
+    """The question's image decoded to RGB (a ``PIL.Image``), or None for a text question. A dataset's
+    image is a local file or bytes; a URL is refused (nothing is downloaded)."""
+    if question.image is None:
+        return None
+    import io
+
+    from PIL import Image
+
+    if isinstance(question.image, str) and "://" in question.image:
+        raise ValueError(f"question {question.id}: image {question.image!r} is a URL; datasets need local images")
+    source = io.BytesIO(question.image) if isinstance(question.image, bytes) else question.image
+    try:
+        with Image.open(source) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"question {question.id}: its image cannot be read ({type(err).__name__})") from None

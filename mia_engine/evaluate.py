@@ -35,7 +35,8 @@ from .agent.judge import is_match
 from .agent.llm import complete_ids, sampling_options
 from .agent.loop import NO_ANSWER, ResearchRequest, ResearchResult
 from .config import MIAConfig
-from .data import NAMED_DATASETS, Question, load_dataset, named_dataset_path, read_rows, row_question
+from .data import (NAMED_DATASETS, Question, load_dataset, named_dataset_path, question_image, read_rows,
+                   row_question)
 
 if TYPE_CHECKING:  # the services (vLLM) load only when a pass runs: ``--help`` stays fast
     from .services import Services
@@ -154,7 +155,10 @@ def research_answer(services: Services, make_request: Callable[[Question], Resea
 
     async def answer(question: Question) -> Prediction:
         start = time.perf_counter()
-        result = await services.agent.agent.research(make_request(question))
+        request = make_request(question)
+        if question.image is not None:
+            request = msgspec.structs.replace(request, image=await asyncio.to_thread(question_image, question))
+        result = await services.agent.agent.research(request)
         num_tokens = await _generated_tokens(services, executor, result)
         num_tool_calls = sum(r.trajectory.num_tool_calls for r in result.rollouts)
         verdict = result.rollouts[result.chosen].verdict

@@ -10,7 +10,7 @@ import pytest
 from mia_engine.config import ConfigError, load_config
 
 
-@pytest.mark.parametrize("name", ["default", "tiny", "8xgpu"])
+@pytest.mark.parametrize("name", ["default", "tiny", "8xgpu", "tiny_vl", "vl_local"])
 def test_bundled_configs_load(name: str) -> None:
     config = load_config(name)
     assert {"planner", "executor", "manager", "judge", "router"} <= set(config.roles)

@@ -90,9 +90,29 @@ def decoder_shape(config: dict) -> DecoderShape:
         tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
         has_qkv_bias=bool(text.get("attention_bias", False)) or model_type in _QKV_BIAS_TYPES,
         has_qk_norm=model_type in _QK_NORM_TYPES,
-        num_vision_params=qwen_vision_params(config["vision_config"]) if "vision_config" in config else 0,
+        num_vision_params=vision_params(config, hidden) if "vision_config" in config else 0,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
     )
+
+
+def vision_params(config: dict, text_hidden: int) -> int:
+    """The vision tower (and connector) of a VL config.json: Qwen2/2.5-VL's, or Idefics3's (SmolVLM)."""
+    vision = config["vision_config"]
+    if vision.get("model_type") in ("idefics3_vision", "siglip_vision_model"):
+        connector = _get(vision, "hidden_size") * config.get("scale_factor", 2) ** 2 * text_hidden
+        return siglip_vision_params(vision) + (connector if config.get("model_type") == "idefics3" else 0)
+    return qwen_vision_params(vision)
+
+
+def siglip_vision_params(vision: dict) -> int:
+    """A SigLIP-style ViT: conv patch embedding with bias, learned positions, ``num_hidden_layers`` blocks
+    (two LayerNorms, q/k/v/o with biases, a GELU MLP with biases) and a final LayerNorm."""
+    h, inter, layers = _get(vision, "hidden_size"), _get(vision, "intermediate_size"), _get(vision, "num_hidden_layers")
+    patch = _get(vision, "patch_size")
+    positions = (_get(vision, "image_size") // patch) ** 2
+    embed = vision.get("num_channels", 3) * patch * patch * h + h + positions * h
+    block = 2 * 2 * h + 4 * (h * h + h) + (h * inter + inter) + (inter * h + h)
+    return embed + layers * block + 2 * h
 
 
 def qwen_vision_params(vision: dict) -> int:

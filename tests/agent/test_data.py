@@ -83,3 +83,24 @@ def test_devset_is_answerable_from_the_corpus():
     for line in DEVSET.read_text().splitlines():
         row = json.loads(line)
         assert row["answer"][0] in by_title[row["source_title"]]
+
+
+def test_question_images_decode_from_files_and_bytes_and_refuse_urls(tmp_path):
+    import io
+
+    import pytest
+    from PIL import Image
+
+    from mia_engine.data import Question, question_image
+
+    Image.new("L", (30, 20), 128).save(tmp_path / "q.png")
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 6), (1, 2, 3)).save(buffer, format="JPEG")
+    from_file = question_image(Question("a", "what?", [], str(tmp_path / "q.png")))
+    from_bytes = question_image(Question("b", "what?", [], buffer.getvalue()))
+    assert (from_file.mode, from_file.size, from_bytes.size) == ("RGB", (30, 20), (8, 6))
+    assert question_image(Question("c", "what?", [])) is None
+    with pytest.raises(ValueError, match="question d: .* is a URL"):
+        question_image(Question("d", "what?", [], "https://example.com/x.png"))
+    with pytest.raises(ValueError, match="question e: its image cannot be read"):
+        question_image(Question("e", "what?", [], b"not an image"))

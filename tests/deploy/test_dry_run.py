@@ -151,3 +151,18 @@ def test_cli_dry_run_prints_and_refuses(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "learner.device: GPU 3 is over-committed" in bad.stderr
+
+
+def test_an_idefics3_vision_tower_is_counted_exactly(tmp_path: Path) -> None:
+    """SmolVLM's layout (the CPU VL configs): the dry run's count equals transformers' own, on the tiny
+    VL test model."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from mia_engine.models.tiny_vl import build_tiny_vl
+
+    build_tiny_vl(tmp_path)
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    counted = sum(p.numel() for name, p in model.named_parameters() if "vision_model" in name or "connector" in name)
+    shape = decoder_shape(json.loads((tmp_path / "base" / "config.json").read_text()))
+    assert shape.num_vision_params == counted
