@@ -21,7 +21,8 @@ DELEGATED = [name for name, member in vars(MemoryHandle).items()
 
 def test_the_handle_declares_what_its_users_call_with_the_services_signatures() -> None:
     assert set(DELEGATED) == {"config", "add", "search", "get", "delete", "record_outcome", "consolidate_group",
-                              "clear_after_update", "search_meta_plans", "export_records", "import_jsonl", "stats"}
+                              "clear_after_update", "search_meta_plans", "export_records", "import_records", "import_jsonl",
+                              "stats"}
     assert "__getattr__" not in vars(MemoryHandle)  # nothing else is forwarded
     for name in DELEGATED:
         if name != "config":
