@@ -179,18 +179,9 @@ class RolloutRunner:
         regex = None
         if self._answer_only(is_last):
             regex = self._answer_regex
-        elif self.config.structured_executor and self.config.first_image_search and run.images and not run.turns:
-            limits = self.config.regex
-            regex = executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=limits.max_think_chars)
-        elif (self.config.structured_executor and self.config.first_query == "question"
-              and not any(t.tool_call is not None and t.tool_call.name == "search" for t in run.turns)
-              and len(run.turns) <= int(bool(run.images) and self.config.first_image_search)
-              and "search" in self.tools.names()):
-            limits = self.config.regex
-            regex = executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,
-                                        fixed_query=run.question)
         elif self.config.structured_executor:
-            regex = self._turn_regexes[run.num_tool_calls >= self.config.min_tool_calls, bool(run.images)]
+            regex = self._fixed_turn_regex(run) or self._turn_regexes[
+                run.num_tool_calls >= self.config.min_tool_calls, bool(run.images)]
         options = sampling_options(self.config.executor, stop=list(self.config.executor_stop), regex=regex,
                                    affinity_key=run.affinity)
         if regex is None:
@@ -199,6 +190,19 @@ class RolloutRunner:
         # error and wastes the turn): a token is at least one character, so the longest text the regex
         # allows is a budget that always suffices.
         return msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, self._turn_chars(run)))
+
+    def _fixed_turn_regex(self, run: _Run) -> str | None:
+        """The regex of a turn the config fixes, if this is one: an image question's first turn is the
+        image search (``first_image_search``); the first text search's query is the question itself
+        (``first_query = "question"``)."""
+        limits = self.config.regex
+        image_first = self.config.first_image_search and bool(run.images)
+        if image_first and not run.turns:
+            return executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=limits.max_think_chars)
+        if self.config.first_query == "question" and len(run.turns) == int(image_first) \
+                and "search" in self.tools.names():
+            return executor_turn_regex(["search"], max_think_chars=limits.max_think_chars, fixed_query=run.question)
+        return None
 
     def _turn_chars(self, run: _Run) -> int:
         """The longest Executor turn the structured-output regexes allow (tags and JSON included)."""

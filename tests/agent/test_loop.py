@@ -429,3 +429,24 @@ async def test_text_question_sends_no_image_and_offers_no_image_tool() -> None:
     assert isinstance(executor_prompt, str) and "web_image_to_image_search" not in executor_prompt
     plan_prompt = next(p for m, p in client.calls if m == "planner")
     assert "at most 400 words" in plan_prompt
+
+
+async def test_first_image_search_then_the_question_as_the_first_query() -> None:
+    """``first_image_search``: an image question's first Executor turn may only be the image search, its
+    second (``first_query = "question"``) only a search for the question; a text question starts with
+    the question search."""
+    image_call = '<think>look</think>\n<tool_call>\n{"name": "web_image_to_image_search", "arguments": {"img_idx": "0"}}\n</tool_call>'
+
+    def executor(prompt: str) -> str:
+        return ANSWER if prompt.count("<tool_response>") >= 2 else (CALL if "<tool_response>" in prompt else image_call)
+
+    for image in (object(), None):
+        agent, client, _ = agent_with(role_script(executor=executor), max_replans=0, first_image_search=True,
+                                      first_query="question", max_turns=4)
+        await agent.research(ResearchRequest("Which river is this?", image=image))
+        regexes = [o.regex for m, o in client.options if m == "executor" and o.regex]
+        if image is not None:
+            assert "web_image_to_image_search" in regexes[0] and '"name": "search"' not in regexes[0]
+            assert "Which river is this" in regexes[1] and "web_image" not in regexes[1]
+        else:
+            assert "Which river is this" in regexes[0] and "web_image" not in regexes[0]
