@@ -24,7 +24,7 @@ from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import ContextLengthError
 from .chat import message_text, sse
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
-from .images import image_parts, load_images
+from .images import image_param, image_parts, load_images
 from .limits import check_question
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
@@ -77,7 +77,8 @@ class AgentChat:
     async def _question_image(self, request: ChatCompletionRequest, index: int) -> Any:
         """The question's image (None without one): decoded and checked, and only when the captioner and
         the Executor both take images."""
-        if not image_parts(request.messages):
+        parts = image_parts(request.messages)
+        if not parts:
             return None
         agent = self._agent()
         roles = agent.config.roles
@@ -86,7 +87,7 @@ class AgentChat:
         if blind:
             raise BadRequest(f"Image questions need roles that take images; in this configuration "
                              f"{', '.join(f'`{r}`' for r in blind)} run on a text-only engine (see "
-                             "agent.roles.captioner and the engines' models).", param="messages",
+                             "agent.roles.captioner and the engines' models).", param=image_param(*parts[0][:2]),
                              code="images_not_supported")
         images = await load_images(request.messages, self.config.images)
         stray = [item for item in images if item.message != index]

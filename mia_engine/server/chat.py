@@ -15,7 +15,7 @@ from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
                               InvalidGeneration, SamplingOptions, TokenLogprob)
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
-from .images import image_parts, load_images
+from .images import image_param, image_parts, load_images
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                             Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut,
@@ -55,10 +55,11 @@ class ChatService:
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
         images: list[Any] = []
-        if image_parts(request.messages):
+        if parts := image_parts(request.messages):
             if not self.client.supports_images(request.model):
                 raise BadRequest(f"The model `{request.model}` does not take images (its engine serves a text-only "
-                                 "model); send images to a vision-language role or to `mia`.", param="messages")
+                                 "model); send images to a vision-language role or to `mia`.",
+                                 param=image_param(*parts[0][:2]), code="images_not_supported")
             images = [item.image for item in await load_images(request.messages, self.config.images)]
         messages = [template_message(m) if images else flatten_message(i, m) for i, m in enumerate(request.messages)]
         try:

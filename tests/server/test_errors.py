@@ -53,7 +53,7 @@ def test_empty_body_is_400(tiny_server) -> None:
     ({"model": 5, "messages": PROMPT}, "model"),
     ({"model": "planner", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"model": "planner", "messages": [{"role": "user", "content": [{"type": "image_url",
-                                       "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content"),
+                                       "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content[0].image_url"),
     ({"model": "planner", "messages": PROMPT, "top_logprobs": 3}, "top_logprobs"),
     ({"model": "planner", "messages": PROMPT, "structured_outputs": {}}, "structured_outputs"),
     ({"model": "planner", "messages": PROMPT, "structured_outputs": {"regex": "a", "choice": ["b"]}},
@@ -80,7 +80,7 @@ def test_unknown_model_is_404(tiny_server) -> None:
 
 @pytest.mark.parametrize("body, param", [
     ({"model": "mia", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content"),
+        {"type": "image_url", "image_url": {"url": "file:///x.png"}}]}]}, "messages[0].content[0].image_url"),
     ({"model": "mia", "messages": [{"role": "user", "content": "  "}]}, "messages[0].content"),
     ({"model": "mia", "messages": [{"role": "system", "content": "no question"}]}, "messages"),
     ({"model": "mia", "messages": PROMPT, "rollouts": 999}, "rollouts"),

@@ -111,3 +111,4 @@ def test_a_text_only_configuration_refuses_image_questions_clearly(openai_client
     with pytest.raises(BadRequestError) as info:
         openai_client.chat.completions.create(model="manager", messages=messages)
     assert "does not take images" in info.value.body["message"]
+    assert info.value.body["param"] == "messages[0].content[1].image_url"
