@@ -79,7 +79,7 @@ async def _read(url: str, config: ImageInputConfig, param: str) -> tuple[bytes, 
                              "(or set server.images.allow_remote).", param=param, code="remote_images_disabled")
         return await _fetch(url, config, param), None
     if scheme in ("", "file"):
-        return _local_file(url, config, param), None
+        return await asyncio.to_thread(_local_file, url, config, param), None
     raise BadRequest(f"Unsupported image URL scheme {scheme!r}: use a data URL.", param=param)
 
 
