@@ -1,17 +1,23 @@
-"""Research throughput at G = 4: the one-process engine vs a reference-topology baseline.
+"""Research throughput at G = 4: the one-process engine vs the strongest peer and the reference topology.
 
     python bench/bench_research.py --questions 16 --rounds 2 --out bench/results/research.json
+    python bench/bench_research.py --systems ours peer --questions 32 --rounds 3 --out bench/results/research_peer.json
 
 * ours: ``Services`` in this process (the serving path without its HTTP front): every role call goes
   straight to the engine, questions run concurrently, the G rollouts of a question run concurrently,
   tool calls of all trajectories are micro-batched.
+* peer (``bench/peer.py``): what a user who outgrows the reference builds: the same loop as asyncio code
+  in this process, all questions and rollouts concurrent, searches in batches, every LLM call an HTTP
+  request to ``vllm serve`` (the roles as LoRA modules there, the same engine settings, prompts as
+  token ids). Its learning: the same GRPO learner, the adapter saved and loaded into ``vllm serve``
+  through its runtime LoRA endpoint.
 * reference topology: the same research loop and components deployed the way the reference runs
   them: every LLM call is an HTTP request to an OpenAI server (our server, in its own process, on
   the same tiny model), one question at a time, the G rollouts one after another, one search per
   call (no batching). Its requests carry the same structured-output constraints (vLLM's
   ``structured_outputs`` extension), so both sides write the same kind of turns. Memory stays in-process (the reference's /memory service is an HTTP hop too, so
   this flatters the baseline slightly).
-Both use configs/tiny.toml, alternate round by round, and answer the same questions.
+All use configs/tiny.toml, alternate round by round, and answer the same questions.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +36,18 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import launch_mia  # noqa: E402
+from bench.peer import ServedRoles  # noqa: E402
+from bench.servers import launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.engines.client import CompletionDelta, SamplingOptions  # noqa: E402
+from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E402
 from mia_engine.memory.service import MemoryService  # noqa: E402
+from mia_engine.models.cache import default_home  # noqa: E402
+from mia_engine.models.embedded import model_dir  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
@@ -125,25 +136,65 @@ async def run_questions(agent: ResearchAgent, questions: list[str], *, learn: bo
     return time.perf_counter() - start, latencies
 
 
+async def start_peer(tmp: Path, config: Any, ours: Services, engine_set: list[str]) -> tuple[Any, ...]:
+    """``vllm serve`` with runtime LoRA loading, and the concurrent agent over it with its own learner."""
+    engine = config.engines["tiny"]
+    base = model_dir(engine.model, default_home())
+    server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine),
+                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+    await asyncio.to_thread(server.wait_ready)
+    roles = ServedRoles(config, server.base_url, "tiny", base, default_home())
+    await roles.start()
+    learner = TestTimeLearner(config.learner, roles.adapters, tmp / "peer-adapters" / "planner", "planner")
+    await learner.start(base, engine.dtype)
+
+    async def learn(rollouts: list) -> None:
+        samples = rollout_samples(rollouts, uuid.uuid4().hex)
+        if samples:
+            await learner.submit(samples)
+
+    memory = await MemoryService.open(tmp / "peer-memory", config.memory, encoder=ours.encoders[0])
+    search = LocalSearch.from_config(config.tools, ours.encoders[0], tmp / "peer-index", progress=False)
+    agent = ResearchAgent(roles, memory, Tools(config.tools, local=search), config.agent, on_learn=learn)
+    return server, roles, learner, memory, search, agent
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mia-research-bench-"))
-    engine_overrides = dotted_overrides(args.engine_set)  # both systems: the same engine settings
-    config = load_config("tiny", {"data_dir": str(tmp / "ours"), "learner.batch_size": 4, **engine_overrides})
+    engine_overrides = dotted_overrides(args.engine_set)  # every system: the same engine settings
+    settings = {"learner.batch_size": 4, **engine_overrides}
+    config = load_config("tiny", {"data_dir": str(tmp / "ours"), **settings})
     ours = Services(config)
     await ours.start()
-    server = launch_mia(tmp, "tiny", "--data-dir", str(tmp / "server"), *args.engine_set)
-    await asyncio.to_thread(server.wait_ready)
-    base_config = load_config("tiny", {"data_dir": str(tmp / "baseline"), "tools.batch_wait_ms": 0.0})
-    memory = await MemoryService.open(tmp / "baseline-memory", base_config.memory, encoder=ours.encoders[0])
-    search = LocalSearch.from_config(base_config.tools, ours.encoders[0], tmp / "baseline-index", progress=False)
-    baseline = SequentialAgent(HttpRoles(server.base_url, 4096), memory, Tools(base_config.tools, local=search),
-                               base_config.agent)
-    questions = [f"Question {i}: which river flows through the capital city number {i}?" for i in range(args.questions)]
-    results: dict[str, dict[str, list]] = {}
+    systems: list[tuple[str, ResearchAgent, bool]] = [("ours", ours.agent.agent, True)]
+    closers: list[Any] = []
+    versions: dict[str, Any] = {"ours": lambda: ours.roles.adapters.current("planner").version}
     try:
+        if "peer" in args.systems:
+            server, roles, learner, memory, search, agent = await start_peer(
+                tmp, load_config("tiny", {"data_dir": str(tmp / "peer"), **settings}), ours, args.engine_set)
+            closers += [server.stop, search.close, memory.close, learner.close, roles.close]
+            systems.append(("peer", agent, True))
+            versions["peer"] = lambda: roles.adapters.current("planner").version
+        if "reference" in args.systems:
+            server = launch_mia(tmp, "tiny", "--data-dir", str(tmp / "server"), *args.engine_set)
+            closers.append(server.stop)
+            await asyncio.to_thread(server.wait_ready)
+            base_config = load_config("tiny", {"data_dir": str(tmp / "baseline"), "tools.batch_wait_ms": 0.0})
+            memory = await MemoryService.open(tmp / "baseline-memory", base_config.memory, encoder=ours.encoders[0])
+            search = LocalSearch.from_config(base_config.tools, ours.encoders[0], tmp / "baseline-index",
+                                             progress=False)
+            closers += [search.close, memory.close]
+            systems.append(("reference", SequentialAgent(HttpRoles(server.base_url, 4096), memory,
+                                                         Tools(base_config.tools, local=search), base_config.agent),
+                            False))
+        questions = [f"Question {i}: which river flows through the capital city number {i}?"
+                     for i in range(args.questions)]
+        results: dict[str, dict[str, list]] = {}
         for round_index in range(args.rounds):
             for learn in (False, True):
-                for name, agent, concurrent in (("ours", ours.agent.agent, True), ("reference", baseline, False)):
+                order = systems if round_index % 2 == 0 else systems[::-1]  # alternate who goes first
+                for name, agent, concurrent in order:
                     wall, lat = await run_questions(agent, questions, learn=learn, concurrent=concurrent,
                                                     rollouts=args.rollouts)
                     key = f"{name}/learn={'on' if learn else 'off'}"
@@ -151,22 +202,29 @@ async def main_async(args: argparse.Namespace) -> dict:
                     entry["qps"].append(len(questions) / wall)
                     entry["lat"] += lat
                     print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s", flush=True)
+        published = {name: read() - 1 for name, read in versions.items()}
     finally:
-        server.stop()
-        search.close()
-        await memory.close()
+        for close in reversed(closers):
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
         await ours.stop()
-    summary = {k: {"questions_per_s": statistics.median(v["qps"]), "p50_s": statistics.median(v["lat"]),
-                   "p99_s": percentile(v["lat"], 0.99)}
-               for k, v in results.items()}
-    for learn in ("off", "on"):
-        summary[f"speedup/learn={learn}"] = (summary[f"ours/learn={learn}"]["questions_per_s"]
-                                             / summary[f"reference/learn={learn}"]["questions_per_s"])
+    summary: dict[str, Any] = {k: {"questions_per_s": statistics.median(v["qps"]), "p50_s": statistics.median(v["lat"]),
+                                   "p99_s": percentile(v["lat"], 0.99)}
+                               for k, v in results.items()}
+    for other in ("peer", "reference"):
+        for learn in ("off", "on"):
+            if f"{other}/learn={learn}" in summary:
+                summary[f"speedup_vs_{other}/learn={learn}"] = (summary[f"ours/learn={learn}"]["questions_per_s"]
+                                                                / summary[f"{other}/learn={learn}"]["questions_per_s"])
+    summary["adapter_versions_published"] = published
     return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", choices=["peer", "reference"], default=["peer", "reference"],
+                        help="what ours is compared with (ours always runs)")
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rollouts", type=int, default=4)

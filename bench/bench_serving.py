@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import Server, launch_mia, launch_vllm  # noqa: E402
+from bench.servers import Server, launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
@@ -107,11 +107,7 @@ def main() -> None:
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
     planner = adapter_dir(config.roles["planner"].adapter, engine.model, default_home())
-    vllm_args = ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
-                 "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
-                 "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
-                 "--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras),
-                 "--max-cpu-loras", str(engine.max_cpu_loras), "--lora-modules", f"planner={planner}"]
+    vllm_args = [*vllm_engine_args(engine), "--lora-modules", f"planner={planner}"]
     ours_model = "planner" if args.model == "planner" else "tiny"
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)

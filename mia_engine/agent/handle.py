@@ -90,8 +90,11 @@ class AgentHandle(StartupHandle[ResearchAgent]):
             return ""
         return self.index_progress.describe()
 
-    def default_rollouts(self) -> int:
-        return self.config.agent.num_rollouts_low_latency
+    def default_rollouts(self, learn: bool) -> int:
+        """G when the request names none: the low-latency path's for a question that only asks, the
+        learning G for one that learns (GRPO's advantage is relative to the group: a group of one
+        carries no signal, so its update would always be rejected)."""
+        return self.config.agent.num_rollouts if learn else self.config.agent.num_rollouts_low_latency
 
     @property
     def agent(self) -> ResearchAgent:

@@ -45,7 +45,7 @@ class AgentSource(Protocol):
         """The agent; raises ``AgentUnavailable`` until it is up."""
         ...
 
-    def default_rollouts(self) -> int: ...
+    def default_rollouts(self, learn: bool) -> int: ...
 
 
 class AgentChat:
@@ -67,7 +67,7 @@ class AgentChat:
         if not question:
             raise BadRequest("The question is empty.", param=f"messages[{index}].content")
         check_question(question, f"messages[{index}].content", self.config.limits)
-        rollouts = request.rollouts or self.source.default_rollouts()
+        rollouts = request.rollouts or self.source.default_rollouts(request.learn)
         if rollouts > self.config.limits.max_rollouts:
             raise BadRequest(f"rollouts = {rollouts} is more than this server allows "
                              f"({self.config.limits.max_rollouts}).", param="rollouts")

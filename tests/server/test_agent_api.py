@@ -8,6 +8,7 @@ import httpx
 from openai import OpenAI
 
 from mia_engine.agent.loop import NO_ANSWER
+from mia_engine.config import load_config
 
 QUESTION = [{"role": "user", "content": "Which river flows through the capital of France?"}]
 
@@ -54,6 +55,15 @@ def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_
 
     again = openai_client.chat.completions.create(model="mia", messages=QUESTION)
     assert set(trace["new_memory_ids"]) & set(again.model_extra["mia"]["memory_ids_used"])
+
+
+def test_a_learning_question_samples_a_group_by_default(admin_openai_client: OpenAI) -> None:
+    """Without ``rollouts`` a question is answered on the low-latency path (G = 1), but one that learns
+    gets the learning G: a group of one carries no GRPO signal, so its update would always be rejected."""
+    out = admin_openai_client.chat.completions.create(
+        model="mia", messages=[{"role": "user", "content": "Which sea does the Danube reach?"}],
+        extra_body={"learn": True, "ground_truth": ["Black Sea"]})
+    assert len(out.model_extra["mia"]["rollouts"]) == load_config("tiny").agent.num_rollouts > 1
 
 
 PROTOCOL_TAGS = ("<think>", "</think>", "<answer>", "</answer>", "<tool_call>", "<tool_response>")
