@@ -203,6 +203,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                     entry["lat"] += lat
                     print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s", flush=True)
         published = {name: read() - 1 for name, read in versions.items()}
+        breakdown = ours.metrics.breakdown()
     finally:
         for close in reversed(closers):
             result = close()
@@ -218,6 +219,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 summary[f"speedup_vs_{other}/learn={learn}"] = (summary[f"ours/learn={learn}"]["questions_per_s"]
                                                                 / summary[f"{other}/learn={learn}"]["questions_per_s"])
     summary["adapter_versions_published"] = published
+    summary["ours_breakdown"] = breakdown  # every round of ours, from the metrics /metrics serves
     return summary
 
 
