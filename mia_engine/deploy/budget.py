@@ -7,7 +7,9 @@ Every figure is a formula over the shapes (``shapes.py``) and config values, wri
   q, k, v, o, gate, up, down in every layer, / (TP x PP); profiling activations ≈ T x (4·H + 2·I/TP) x
   dtype bytes + ``max_num_seqs`` x V x 4 (fp32 logits), T = ``max_num_batched_tokens``; a CUDA context;
   the **KV cache** is what is left, in tokens = bytes / (2 x layers/PP x max(1, kv_heads/TP) x head_dim x
-  dtype bytes). Vision-tower weights are counted even when only token ids are sent.
+  dtype bytes). Vision-tower weights are counted even when only token ids are sent; unless the engine is
+  ``language_model_only``, so is the tower's start-up profile: as many largest images as the encoder budget
+  holds, their activations and their cached embeddings (``vision_profile_bytes``).
 - **learner** (PEFT copy of the Planner's base on ``learner.device``): base weights in ``learner.dtype``;
   the LoRA (rank = the Planner engine's ``max_lora_rank``, all seven projections) in fp32 with its
   gradient and AdamW's two moments (16 bytes/parameter); activations with gradient checkpointing for
@@ -147,7 +149,22 @@ def engine_items(engine: EngineConfig, shape: DecoderShape, batched_tokens: int)
     tp = engine.tensor_parallel_size
     per_token = ACTIVATION_ROWS_PER_TOKEN * shape.hidden_size + 2 * shape.intermediate_size // tp
     items.append(Item("activations (profile)", tokens * per_token * b + engine.max_num_seqs * shape.vocab_size * 4))
+    if shape.max_image_tokens and not engine.language_model_only:
+        items.append(Item("vision tower activations + encoder cache (profile)",
+                          vision_profile_bytes(engine, shape, tokens)))
     return items
+
+
+def vision_profile_bytes(engine: EngineConfig, shape: DecoderShape, batched_tokens: int) -> int:
+    """vLLM profiles the encoder with as many largest images as its encoder budget holds (budget =
+    max(batched tokens, one image's tokens)), then keeps their outputs in the encoder cache: the tower's
+    activations for those images (not split by tensor parallelism: the tower is replicated) plus the
+    cached decoder-width embeddings."""
+    budget = max(batched_tokens, shape.max_image_tokens)
+    images = max(1, min(budget // shape.max_image_tokens, engine.max_images_per_prompt * engine.max_num_seqs))
+    image_tokens = images * shape.max_image_tokens
+    b = engine_dtype_bytes(engine, shape)
+    return image_tokens * shape.vision_rows_per_image_token * b + budget * shape.hidden_size * b
 
 
 def kv_bytes_per_token_per_gpu(engine: EngineConfig, shape: DecoderShape) -> int:

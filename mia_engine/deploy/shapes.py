@@ -34,6 +34,11 @@ class DecoderShape(msgspec.Struct, frozen=True):
     num_vision_params: int
     """Parameters of the vision tower (0 for a text-only model)."""
     torch_dtype: str
+    max_image_tokens: int = 0
+    """Decoder-side tokens of the largest image the processor makes by default (what vLLM profiles)."""
+    vision_rows_per_image_token: int = 0
+    """Live activation elements of the vision tower per decoder-side image token at its peak: the
+    patches merged into that token x (4 hidden-wide rows + 2 MLP-wide rows), as for the decoder."""
 
     @property
     def num_layer_params(self) -> int:
@@ -92,7 +97,31 @@ def decoder_shape(config: dict) -> DecoderShape:
         has_qk_norm=model_type in _QK_NORM_TYPES,
         num_vision_params=vision_params(config, hidden) if "vision_config" in config else 0,
         torch_dtype=str(text.get("torch_dtype") or text.get("dtype") or "bfloat16"),
+        **(vision_profile(config) if "vision_config" in config else {}),
     )
+
+
+QWEN_VL_MAX_PIXELS = 12845056
+"""Qwen2/2.5-VL's image processor default ``max_pixels`` (16384 merged tokens of 28 x 28 pixels)."""
+IDEFICS3_MAX_CROPS = 17
+"""Idefics3/SmolVLM's processor splits an image of ``longest_edge`` = 4 x ``image_size`` into 4 x 4 crops
+plus the downscaled whole image."""
+
+
+def vision_profile(config: dict) -> dict[str, int]:
+    """What vLLM's start-up profile runs through the vision tower: the largest image's decoder tokens and
+    the tower's activation rows per such token (``DecoderShape.max_image_tokens`` and
+    ``vision_rows_per_image_token``)."""
+    vision = config["vision_config"]
+    h, inter = _get(vision, "hidden_size"), _get(vision, "intermediate_size")
+    if vision.get("model_type") in ("idefics3_vision", "siglip_vision_model"):
+        merge = config.get("scale_factor", 2) ** 2
+        per_crop = (_get(vision, "image_size") // _get(vision, "patch_size")) ** 2 // merge
+        max_tokens = per_crop * IDEFICS3_MAX_CROPS
+    else:
+        merge = vision.get("spatial_merge_size", 2) ** 2
+        max_tokens = QWEN_VL_MAX_PIXELS // (_get(vision, "patch_size") ** 2 * merge)
+    return {"max_image_tokens": max_tokens, "vision_rows_per_image_token": merge * (4 * h + 2 * inter)}
 
 
 def vision_params(config: dict, text_hidden: int) -> int:

@@ -100,6 +100,20 @@ def test_8xgpu_learner_gpu_budget_by_hand() -> None:
     assert 45 * GIB < gpu7.used_bytes < 55 * GIB
 
 
+def test_8xgpu_vl_gpu_counts_the_vision_profile_by_hand() -> None:
+    """vLLM profiles the vision tower at start with the largest image: Qwen2.5-VL's default max_pixels
+    12,845,056 = 16,384 merged tokens of 2 x 2 patches; the tower's peak per patch is 4 rows of 1280 +
+    2 of 3420, bf16; the encoder budget max(8192 batched tokens, 16,384) holds one such image, and its
+    16,384 embeddings of the decoder's width 3584 stay in the encoder cache."""
+    result = _plan()
+    vl = _items(result.gpus[3], "engine qwen2_5-vl-7b replica 1/2")
+    expected = 16_384 * 4 * (4 * 1280 + 2 * 3420) * 2 + 16_384 * 3584 * 2
+    assert vl["vision tower activations + encoder cache (profile)"] == expected
+    assert 1.5 * GIB < expected < 1.7 * GIB
+    text_only = _items(_plan(**{"engines.qwen2_5-vl-7b.language_model_only": True}).gpus[3], "engine qwen2_5-vl-7b")
+    assert "vision tower activations + encoder cache (profile)" not in text_only
+
+
 def test_32b_manager_split_over_two_gpus() -> None:
     result = _plan()
     for gpu, rank in ((5, 1), (6, 2)):
