@@ -136,11 +136,11 @@ async def run_questions(agent: ResearchAgent, questions: list[str], *, learn: bo
     return time.perf_counter() - start, latencies
 
 
-async def start_peer(tmp: Path, config: Any, ours: Services, engine_set: list[str]) -> tuple[Any, ...]:
+async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: bool) -> tuple[Any, ...]:
     """``vllm serve`` with runtime LoRA loading, and the concurrent agent over it with its own learner."""
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
-    server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine),
+    server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops),
                          env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
     await asyncio.to_thread(server.wait_ready)
     roles = ServedRoles(config, server.base_url, "tiny", base, default_home())
@@ -172,7 +172,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         if "peer" in args.systems:
             server, roles, learner, memory, search, agent = await start_peer(
-                tmp, load_config("tiny", {"data_dir": str(tmp / "peer"), **settings}), ours, args.engine_set)
+                tmp, load_config("tiny", {"data_dir": str(tmp / "peer"), **settings}), ours,
+                args.peer_cpu_lora_ops == "same")
             closers += [server.stop, search.close, memory.close, learner.close, roles.close]
             systems.append(("peer", agent, True))
             versions["peer"] = lambda: roles.adapters.current("planner").version
@@ -227,12 +228,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", choices=["peer", "reference"], default=["peer", "reference"],
                         help="what ours is compared with (ours always runs)")
+    parser.add_argument("--peer-cpu-lora-ops", choices=["vllm", "same"], default="vllm",
+                        help="the peer's LoRA ops on CPU: vLLM's own (what `vllm serve` users get) or ours")
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--engine-set", action="append", default=[], metavar="--KEY=VALUE",
-                        help="config override for both systems, e.g. --engine-set=--engines.tiny.max_num_seqs=64")
+                        help="config override for every system, e.g. --engine-set=--engines.tiny.max_num_seqs=64")
     args = parser.parse_args()
     report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from mia_engine.config import EngineConfig
+from mia_engine.engines.cpu_lora import CONFIG_KEY as CPU_LORA_KEY
 
 
 def free_port() -> int:
@@ -84,12 +85,18 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str,
     return launch("vllm_serve", cmd, log_dir, port, {"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
 
 
-def vllm_engine_args(engine: EngineConfig) -> list[str]:
-    """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled)."""
+def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -> list[str]:
+    """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled).
+    ``same_cpu_lora_ops``: also our CPU LoRA ops (``engines.*.cpu_lora_ops``, through the platform plugin
+    this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get."""
     return ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
             "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
             "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
             "--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras),
             "--max-cpu-loras", str(engine.max_cpu_loras),
             "--structured-outputs-config", json.dumps({"backend": engine.structured_outputs_backend,
-                                                       "disable_any_whitespace": engine.compact_json})]
+                                                       "disable_any_whitespace": engine.compact_json}),
+            *(["--distributed-executor-backend", engine.executor_backend] if engine.executor_backend != "auto" else []),
+            *(["--max-num-batched-tokens", str(engine.max_num_batched_tokens)] if engine.max_num_batched_tokens else []),
+            "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+            *(["--additional-config", json.dumps({CPU_LORA_KEY: engine.cpu_lora_ops})] if same_cpu_lora_ops else [])]
