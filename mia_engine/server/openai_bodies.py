@@ -84,7 +84,8 @@ class ChatCompletionRequest(msgspec.Struct):
     ground_truth: str | list[str] | None = None
     """Acceptable answers: the judge grades against them (supervised)."""
     rollouts: Annotated[int, Meta(ge=1)] | None = None
-    """G, plans sampled and executed; default: the agent's low-latency setting (1)."""
+    """G, plans sampled and executed; default: the agent's low-latency setting (1), or with ``learn`` the
+    learning G (``agent.num_rollouts``, 4)."""
     learn: bool = False
     """Judge, reward and store experience from this question (test-time learning)."""
     return_trace: bool = False
