@@ -70,11 +70,22 @@ async def run_level(services: Services, questions: list[str], concurrency: int, 
             await agent.research(ResearchRequest(q, None, rollouts, False))
             latencies.append(time.perf_counter() - start)
 
+    before = _tokens(services)
     start = time.perf_counter()
     await asyncio.gather(*(one(q) for q in questions))
     wall = time.perf_counter() - start
+    prompt, generated = (after - b for after, b in zip(_tokens(services), before))
     return {"questions": len(questions), "questions_per_s": len(questions) / wall, "p50_s": statistics.median(latencies),
-            "p99_s": percentile(latencies, 0.99), "wall_s": wall}
+            "p99_s": percentile(latencies, 0.99), "wall_s": wall,
+            "prompt_tokens_per_question": prompt / len(questions),
+            "generated_tokens_per_question": generated / len(questions)}
+
+
+def _tokens(services: Services) -> tuple[float, float]:
+    """Prompt and generated tokens so far, all roles (the work a level asked of the engine: the tiny
+    model's output, and so its turns, change with its prompt)."""
+    breakdown = services.metrics.breakdown()
+    return sum(breakdown["prompt_tokens"].values()), sum(breakdown["completion_tokens"].values())
 
 
 def questions_for(n: int, offset: int) -> list[str]:

@@ -66,4 +66,6 @@ def test_the_metrics_breakdown_adds_up_what_was_recorded() -> None:
         metrics.stage_finished("plan", seconds)
     breakdown = metrics.breakdown()
     assert breakdown["prefix_hit_rate"] == {"planner": 200 / 400, "executor": 0.0}
+    assert breakdown["prompt_tokens"] == {"planner": 400, "executor": 50}
+    assert breakdown["completion_tokens"] == {"planner": 20, "executor": 5}
     assert breakdown["stage_seconds"]["plan"] == pytest.approx(2.0) and breakdown["stage_count"]["plan"] == 2
