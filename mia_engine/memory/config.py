@@ -108,6 +108,13 @@ class MemoryConfig(Frozen):
     """Positive (correct) memories returned per query."""
     num_negative: int = 2
     """Negative (incorrect) memories returned per query."""
+    min_similarity: float = -1.0
+    """Floor on a hit's raw similarity Sim (before the min-max normalisation): workflow memories and
+    Meta Plan pairs below it are dropped from what the Planner and the Router are shown (the top-k is
+    not refilled). The paper has none (-1 keeps everything): min-max makes the best entry of a bucket
+    score 1 however unrelated it is, so a store of other questions always shows something. The
+    embedded 135M default sets a floor: its Planner copies the entities of whatever examples it is
+    shown into its plan, and the Executor searches for them (bench/RESULTS.md, section 5)."""
     embedder: EmbedderConfig = EmbedderConfig()
     """The sentence encoder."""
     durability: DurabilityConfig = DurabilityConfig()
@@ -157,6 +164,7 @@ class MemoryConfig(Frozen):
         require(0.0 < self.replace_threshold <= 1.0 + 1e-6, "replace_threshold must be in (0, 1]")
         require(self.max_num_entries >= 0 and self.max_num_meta_plans >= 0, "capacities must be >= 0")
         require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
+        require(-1.0 <= self.min_similarity <= 1.0, "min_similarity must be in [-1, 1]")
         require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
         require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),

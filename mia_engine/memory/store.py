@@ -138,10 +138,13 @@ class ExperienceStore:
         positives, negatives = found.top_k(
             query_q, query_c, k, self._config.score, self._score_fn, self._config.score_backend
         )
-        return SearchResult(str(bucket), self._hits(positives[:num_positive]), self._hits(negatives[:num_negative]))
+        floor = self._config.min_similarity
+        positives = [row for row in positives[:num_positive] if row.sim >= floor]
+        negatives = [row for row in negatives[:num_negative] if row.sim >= floor]
+        return SearchResult(str(bucket), self._hits(positives), self._hits(negatives))
 
     def search_meta_plans(self, query: np.ndarray, k: int) -> list[MetaPlanHit]:
-        return self._meta_plans.search(query, k)
+        return [hit for hit in self._meta_plans.search(query, k) if hit.similarity >= self._config.min_similarity]
 
     def export_records(self) -> list[StoredRecord]:
         """Every memory and pair as stored (frozen structs, safe to encode from another thread)."""

@@ -291,3 +291,30 @@ def test_a_caption_reranks_retrieval_as_the_papers_score_says(new_store: StoreOp
         assert [i for i, _ in got] == [i for i, _ in want]
         assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
         assert got[0][0] == (ids[1] if with_caption else ids[0])  # the caption moves "pictured" ahead
+
+
+def test_min_similarity_drops_unrelated_memories_and_meta_plans(new_store: StoreOpener, tmp_path: Path,
+                                                                 rng: Generator) -> None:
+    query = unit(rng)
+    near = query + 0.1 * unit(rng)
+    near /= np.linalg.norm(near)
+    far = unit(rng) - 0.5 * query  # random 64-d unit vectors are near-orthogonal; this one leans away
+    far /= np.linalg.norm(far)
+    floor = 0.5
+    assert float(query @ near) >= floor > float(query @ far)
+    store = new_store(tmp_path, memory_config(min_similarity=floor))
+    kept, dropped = make_entry(near, label="correct"), make_entry(far, label="incorrect")
+    for entry in (kept, dropped):
+        store.add(entry)
+    for key, pair_id in ((near, "near"), (far, "far")):
+        store.add_meta_plan(MetaPlanPair(pair_id, "q", "a", "b", question_embedding=vector_to_bytes(key)))
+
+    result = store.search(query, None, store.bucket_key("text", None), num_positive=2, num_negative=2)
+    assert [hit.entry.id for hit in result.positives] == [kept.id] and result.negatives == []
+    assert [hit.pair.id for hit in store.search_meta_plans(query, 2)] == ["near"]
+
+    open_floor = new_store(tmp_path / "paper", memory_config())  # the paper's default: no floor
+    for entry in (kept, dropped):
+        open_floor.add(entry)
+    result = open_floor.search(query, None, open_floor.bucket_key("text", None), num_positive=2, num_negative=2)
+    assert len(result.positives) == 1 and len(result.negatives) == 1
