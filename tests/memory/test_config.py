@@ -14,6 +14,7 @@ def test_defaults_follow_the_paper_and_reference() -> None:
     assert len(config.categories) == 10 and config.default_category == "others"
     assert config.durability.fsync == "always" and config.clear_policy == "none"
     assert config.embedder.model_dir == ""
+    assert config.min_similarity == -1.0  # no floor: every hit's cosine passes
 
 
 def test_toml_like_dict_converts() -> None:
@@ -32,6 +33,7 @@ def test_toml_like_dict_converts() -> None:
         ({"clear_policy": "sometimes"}, "clear_policy"),
         ({"durability": {"snapshot_interval": 0}}, "snapshot_interval"),
         ({"embedder": {"batch_size": 0}}, "batch_size"),
+        ({"min_similarity": 1.5}, "min_similarity"),
         ({"unknown_field": 1}, "unknown_field"),
     ],
 )
