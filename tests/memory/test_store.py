@@ -298,7 +298,7 @@ def test_min_similarity_drops_unrelated_memories_and_meta_plans(new_store: Store
     query = unit(rng)
     near = query + 0.1 * unit(rng)
     near /= np.linalg.norm(near)
-    far = unit(rng) - 0.5 * query  # random 64-d unit vectors are near-orthogonal; this one leans away
+    far = unit(rng) - 0.5 * query  # leans away from the query (the assert below checks both sides of the floor)
     far /= np.linalg.norm(far)
     floor = 0.5
     assert float(query @ near) >= floor > float(query @ far)
