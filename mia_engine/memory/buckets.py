@@ -7,6 +7,7 @@ removing a memory is O(d), a query never rebuilds anything.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -97,23 +98,31 @@ class Bucket:
 
     def top_k(
         self,
-        query_q: np.ndarray,
-        query_c: np.ndarray | None,
+        queries_q: np.ndarray,
+        queries_c: Sequence[np.ndarray | None],
         k: int,
         weights: ScoreWeights,
         score_fn: ScoreFn,
         backend: str,
-    ) -> tuple[list[ScoredRow], list[ScoredRow]]:
-        """Best ``k`` positives and negatives by the paper's score, over the live rows."""
-        num_rows = len(self._ids)
-        if num_rows == 0 or k <= 0:
-            return [], []
-        q = torch.from_numpy(np.asarray(query_q, dtype=np.float32)).to(self._device).reshape(1, -1)  # (1, d)
-        c = None if query_c is None else torch.from_numpy(np.asarray(query_c, dtype=np.float32)).to(self._device)
+    ) -> list[tuple[list[ScoredRow], list[ScoredRow]]]:
+        """Best ``k`` positives and negatives by the paper's score, over the live rows, for each of B
+        queries (``queries_q`` (B, d); ``queries_c`` B caption keys or None) in one kernel call: the
+        call streams the whole key matrix, so B queries together read it once instead of B times."""
+        num_rows, batch = len(self._ids), len(queries_c)
+        if num_rows == 0 or k <= 0 or batch == 0:
+            return [([], []) for _ in range(batch)]
+        q = torch.from_numpy(np.asarray(queries_q, dtype=np.float32)).to(self._device).reshape(batch, -1)  # (B, d)
+        has_caption = [c is not None for c in queries_c]
+        c = mask = None
+        if any(has_caption):
+            zeros = np.zeros(self._dim, dtype=np.float32)
+            c = torch.from_numpy(np.stack([zeros if key is None else np.asarray(key, dtype=np.float32)
+                                           for key in queries_c])).to(self._device)  # (B, d)
+            mask = torch.tensor(has_caption, dtype=torch.bool, device=self._device)  # (B,)
         result = score_fn(
             q,
-            None if c is None else c.reshape(1, -1),  # (1, d)
-            None if c is None else torch.ones(1, dtype=torch.bool, device=self._device),
+            c,
+            mask,
             self._keys_q[:num_rows],  # (N, d) views, no copy
             None if c is None else self._keys_c[:num_rows],
             self._usage[:num_rows],
@@ -123,17 +132,15 @@ class Bucket:
             weights,
             backend=backend,
         )
-        return self._rows_of_slot(result, 0), self._rows_of_slot(result, 1)
-
-    def _rows_of_slot(self, result: object, slot: int) -> list[ScoredRow]:
-        """Result tensors (1, 2, k') -> ScoredRows of one label slot, padding (-1) dropped."""
         names = ("ids", "score", "sim", "sim_norm", "value", "freq")
-        columns = [getattr(result, name)[0, slot].tolist() for name in names]  # each (k',)
-        rows = []
-        for row, score, sim, sim_norm, value, freq in zip(*columns):
-            if row >= 0:
-                rows.append(ScoredRow(self._ids[row], score, sim, sim_norm, value, freq))
-        return rows
+        columns = [getattr(result, name).tolist() for name in names]  # each (B, 2, k')
+        return [(self._rows(columns, i, 0), self._rows(columns, i, 1)) for i in range(batch)]
+
+    def _rows(self, columns: list[list], query: int, slot: int) -> list[ScoredRow]:
+        """One query's ranked rows of one label slot, padding (-1) dropped."""
+        return [ScoredRow(self._ids[row], score, sim, sim_norm, value, freq)
+                for row, score, sim, sim_norm, value, freq in zip(*(column[query][slot] for column in columns))
+                if row >= 0]
 
     def _grow(self) -> None:
         capacity = 2 * self._keys_q.shape[0]

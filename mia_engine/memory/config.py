@@ -155,6 +155,10 @@ class MemoryConfig(Frozen):
     """``backend`` passed to ``kernels.memory_score.memory_topk``."""
     max_import_bytes: int = 256 * 1024 * 1024
     """Largest JSONL body the HTTP import route accepts."""
+    search_batch_size: int = 64
+    """Most searches scored in one kernel call. Searches that arrive while the store thread is busy
+    wait and go together: scoring streams every key of the bucket (the min-max needs them all), so
+    B queries in one call read it once instead of B times. 1 scores each search alone."""
 
     def __post_init__(self) -> None:
         require(self.num_positive >= 0 and self.num_negative >= 0, "num_positive/num_negative must be >= 0")
@@ -166,6 +170,7 @@ class MemoryConfig(Frozen):
         require(self.num_meta_plans >= 0, "num_meta_plans must be >= 0")
         require(-1.0 <= self.min_similarity <= 1.0, "min_similarity must be in [-1, 1]")
         require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
+        require(self.search_batch_size >= 1, "search_batch_size must be >= 1")
         require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),
                  f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")

@@ -22,6 +22,7 @@ import numpy as np
 
 from .buckets import ScoreFn
 from .config import MemoryConfig
+from .coalesce import Coalescer
 from .consolidation import choose_rollouts
 from .embedder import Embedder, TextEncoder
 from .entries import (
@@ -42,7 +43,7 @@ from .entries import (
     vector_to_bytes,
 )
 from .jsonl import decode_jsonl
-from .store import ExperienceStore
+from .store import ExperienceStore, SearchQuery
 
 T = TypeVar("T")
 
@@ -87,6 +88,8 @@ class MemoryService:
         self._owns_encoder = owns_encoder
         self._rng = random.Random(config.seed)
         self._is_closed = False
+        self._searches = Coalescer(store.search_many, executor, config.search_batch_size)
+        """Concurrent searches scored together (``MemoryConfig.search_batch_size``)."""
 
     @classmethod
     async def open(
@@ -141,16 +144,15 @@ class MemoryService:
         """Top positives and negatives of the query's bucket, each with its score terms."""
         bucket = self._bucket(modality, caption, category)
         query_q, query_c = await self._embed(question, caption)
-        return await self._run(
-            partial(
-                self._store.search,
-                query_q,
-                query_c,
-                bucket,
-                num_positive=self._config.num_positive if num_positive is None else num_positive,
-                num_negative=self._config.num_negative if num_negative is None else num_negative,
-            )
-        )
+        if self._is_closed:
+            raise RuntimeError("the memory service is closed")
+        return await self._searches.submit(SearchQuery(
+            query_q,
+            query_c,
+            bucket,
+            self._config.num_positive if num_positive is None else num_positive,
+            self._config.num_negative if num_negative is None else num_negative,
+        ))
 
     async def get(self, entry_id: str) -> MemoryEntry:
         return await self._run(self._store.get, entry_id)

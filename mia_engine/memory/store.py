@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -47,6 +48,16 @@ logger = logging.getLogger(__name__)
 
 _NUM_DUPLICATE_CANDIDATES = 8
 _CHANGE_OVERHEAD_BYTES = 256  # a Change's own fields and list headers around its records, generously
+
+
+class SearchQuery(NamedTuple):
+    """One retrieval: embedded question (and caption) keys, the bucket, how many of each label."""
+
+    query_q: np.ndarray
+    query_c: np.ndarray | None
+    bucket: BucketKey
+    num_positive: int
+    num_negative: int
 
 
 class ExperienceStore:
@@ -131,17 +142,31 @@ class ExperienceStore:
         num_negative: int,
     ) -> SearchResult:
         """Top positives and negatives of the bucket by the paper's score, with its terms."""
-        found = self._buckets.get(bucket)
-        k = max(num_positive, num_negative)
-        if found is None or k <= 0:
-            return SearchResult(str(bucket), [], [])
-        positives, negatives = found.top_k(
-            query_q, query_c, k, self._config.score, self._score_fn, self._config.score_backend
-        )
+        return self.search_many([SearchQuery(query_q, query_c, bucket, num_positive, num_negative)])[0]
+
+    def search_many(self, queries: Sequence[SearchQuery]) -> list[SearchResult]:
+        """``search`` for several queries, one kernel call per bucket (results in the queries' order)."""
+        results: list[SearchResult | None] = [None] * len(queries)
+        by_bucket: dict[BucketKey, list[int]] = {}
+        for i, query in enumerate(queries):
+            by_bucket.setdefault(query.bucket, []).append(i)
         floor = self._config.min_similarity
-        positives = [row for row in positives[:num_positive] if row.sim >= floor]
-        negatives = [row for row in negatives[:num_negative] if row.sim >= floor]
-        return SearchResult(str(bucket), self._hits(positives), self._hits(negatives))
+        for bucket, members in by_bucket.items():
+            found = self._buckets.get(bucket)
+            k = max(max(queries[i].num_positive, queries[i].num_negative) for i in members)
+            if found is None or k <= 0:
+                ranked = [([], [])] * len(members)
+            else:
+                ranked = found.top_k(np.stack([queries[i].query_q for i in members]),
+                                     [queries[i].query_c for i in members], k, self._config.score, self._score_fn,
+                                     self._config.score_backend)
+            for i, (positives, negatives) in zip(members, ranked):
+                query = queries[i]
+                results[i] = SearchResult(
+                    str(bucket),
+                    self._hits([row for row in positives[:query.num_positive] if row.sim >= floor]),
+                    self._hits([row for row in negatives[:query.num_negative] if row.sim >= floor]))
+        return [result for result in results if result is not None]
 
     def search_meta_plans(self, query: np.ndarray, k: int) -> list[MetaPlanHit]:
         return [hit for hit in self._meta_plans.search(query, k) if hit.similarity >= self._config.min_similarity]

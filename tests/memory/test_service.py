@@ -62,6 +62,17 @@ async def test_search_terms_agree_with_the_encoder_and_the_formula(service: Memo
         assert hit.score == pytest.approx(0.7 * hit.sim_norm + 0.3 * value + 0.3 * freq, abs=1e-5)
 
 
+async def test_concurrent_searches_are_scored_together_with_the_same_results(service: MemoryService) -> None:
+    await _fill(service)
+    queries = ["Highest peak of Africa?", "Who wrote the Four Seasons?", "Berlin Wall year?", "Kilimanjaro height"] * 4
+    alone = [await service.search(q) for q in queries]
+    batches_before = service._searches.num_batches
+    together = await asyncio.gather(*(service.search(q) for q in queries))
+    assert service._searches.num_batches - batches_before < len(queries)  # coalesced, not one call each
+    assert [[h.entry.id for h in r.positives + r.negatives] for r in together] == \
+        [[h.entry.id for h in r.positives + r.negatives] for r in alone]
+
+
 async def test_export_import_round_trip_through_the_service(
     service: MemoryService, tmp_path: Path, embedder: Embedder
 ) -> None:

@@ -12,7 +12,7 @@ from numpy.random import Generator
 from mia_engine.memory.config import ScoreWeights
 from mia_engine.memory.entries import InvalidMemory, MemoryNotFound, MetaPlanPair, vector_to_bytes
 from mia_engine.memory.jsonl import decode_jsonl, encode_jsonl
-from mia_engine.memory.store import ExperienceStore
+from mia_engine.memory.store import ExperienceStore, SearchQuery
 
 from .factories import DIM, StoreOpener, FakeClock, make_entry, memory_config, state_of, unit
 
@@ -154,6 +154,30 @@ def test_search_with_caption_weights_both_cosines(new_store: StoreOpener, tmp_pa
         key_c = np.frombuffer(hit.entry.caption_embedding, dtype="<f4")
         assert hit.sim == pytest.approx(0.8 * float(query_q @ key_q) + 0.2 * float(query_c @ key_c), abs=1e-5)
     assert len(result.positives) == 2 and len(result.negatives) == 1
+
+
+def test_search_many_equals_one_search_per_query(new_store: StoreOpener, tmp_path: Path, rng: Generator) -> None:
+    """Batched scoring (one kernel call per bucket) returns what each query alone would, in order,
+    across buckets, label counts, captioned and uncaptioned queries of one bucket, and a floor."""
+    store = new_store(tmp_path, memory_config(min_similarity=-0.2))
+    for i in range(12):
+        store.add(make_entry(unit(rng), label="correct" if i % 3 else "incorrect"))
+        store.add(make_entry(unit(rng), key_c=unit(rng), label="correct" if i % 2 else "incorrect"))
+    text, image, empty = (store.bucket_key("text", None), store.bucket_key("text_image", None),
+                          store.bucket_key("text", "time"))
+    queries = [SearchQuery(unit(rng), None, text, 2, 2), SearchQuery(unit(rng), unit(rng), image, 3, 1),
+               SearchQuery(unit(rng), None, empty, 2, 2), SearchQuery(unit(rng), None, image, 1, 4),
+               SearchQuery(unit(rng), None, text, 5, 0), SearchQuery(unit(rng), unit(rng), image, 0, 0)]
+    together = store.search_many(queries)
+    alone = [store.search(q.query_q, q.query_c, q.bucket, num_positive=q.num_positive, num_negative=q.num_negative)
+             for q in queries]
+    assert [len(r.positives) + len(r.negatives) for r in alone][:2] != [0, 0]
+    for batched, single in zip(together, alone, strict=True):
+        assert batched.bucket == single.bucket
+        for got, want in ((batched.positives, single.positives), (batched.negatives, single.negatives)):
+            assert [h.entry.id for h in got] == [h.entry.id for h in want]
+            assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-6)
+            assert all(h.sim >= -0.2 for h in got)
 
 
 def test_search_of_an_empty_or_unknown_bucket(new_store: StoreOpener, tmp_path: Path, rng: Generator) -> None:
