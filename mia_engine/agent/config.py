@@ -139,6 +139,13 @@ class AgentConfig(Frozen):
     """Word limit the replan prompt asks for."""
     summary_max_words: int = 300
     """Word limit of the Manager's workflow summary."""
+    workflow_summary: Literal["manager", "extractive"] = "manager"
+    """How a judged rollout becomes a workflow memory. ``manager``: the Manager summarises the
+    trajectory (paper, reference). ``extractive``: the same numbered "**action** (input → output)"
+    steps read off the trajectory itself (each call's queries → the titles it returned, then the
+    answer), no model call: for Managers too small to summarise without inventing names (the 135M
+    one summarised a correct "Harper Lee" trajectory as "The answer to the question is: Robert Falcon
+    Scott", and the Planner copied it; bench/RESULTS.md section 5)."""
     review_reason_max_words: int = 50
     """Word limit of a reviewer's reason."""
     structured_executor: bool = True

@@ -30,6 +30,7 @@ from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from .stages import StageObserver, StageTimer
+from .workflows import extractive_workflow
 from ..memory.entries import SummarisedRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
@@ -227,6 +228,8 @@ class ResearchAgent:
         return [added.id for added in (result.positive, result.negative) if added is not None]
 
     async def _summarise(self, question: str, rollout: Rollout) -> str:
+        if self.config.workflow_summary == "extractive":
+            return extractive_workflow(rollout.trajectory, rollout.is_correct, self.config.summary_max_words)
         trace = _trajectory_text(question, rollout.trajectory, self.config.trace_max_words)
         text = prompts.WORKFLOW_SUMMARY.render(max_words=self.config.summary_max_words, question=question,
                                                outcome="correct" if rollout.is_correct else "incorrect",

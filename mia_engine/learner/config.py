@@ -79,6 +79,9 @@ class LearnerConfig(Frozen):
     disk; used only when it has room for ``num_checkpoints_kept`` + 2 adapters, in a folder of this
     instance's own (mode 0700, named after the data dir). A default Docker /dev/shm is 64 MB: a rank-64
     adapter of an 8B model is ~0.35 GB in bf16. Ignored when ``publish_dir`` is set."""
+    num_reports_kept: int = 1024
+    """Latest update reports the learner keeps in memory (``TestTimeLearner.reports``); older ones are
+    dropped, so a server that learns for days does not grow with its update count."""
     num_checkpoints_kept: int = 3
     """Durable copies of published versions kept for rollback (the latest good one is never pruned)."""
     seed: int = 0
@@ -105,6 +108,7 @@ class LearnerConfig(Frozen):
         require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
         require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")
+        require(self.num_reports_kept >= 1, f"learner.num_reports_kept must be >= 1, got {self.num_reports_kept}")
         require(self.num_checkpoints_kept >= 1,
                  f"learner.num_checkpoints_kept must be >= 1, got {self.num_checkpoints_kept}")
 

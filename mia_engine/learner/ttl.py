@@ -18,6 +18,7 @@ import json
 import logging
 import shutil
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ class TestTimeLearner:
         self._tasks: set[asyncio.Task] = set()
         self.on_update = on_update
         """Called with every ``UpdateReport`` (metrics, the ttl command's metrics file)."""
-        self.reports: list[UpdateReport] = []
+        self.reports: deque[UpdateReport] = deque(maxlen=config.num_reports_kept)
+        """The latest updates (``LearnerConfig.num_reports_kept``)."""
         registry.on_publish(self._on_publish)
 
     def resume_path(self) -> Path | None:

@@ -226,6 +226,27 @@ async def test_g_plans_route_judge_reward_and_consolidate() -> None:
     assert len(memory.consolidated) == 1 and len(memory.consolidated[0]) == 1  # shortest success only
 
 
+async def test_extractive_workflows_are_read_off_the_trajectory_without_the_manager() -> None:
+    """``workflow_summary = "extractive"``: the stored summaries hold only what the rollouts did (their
+    queries, the titles returned, the answer, a failure's verdict), and no Manager call writes them."""
+    def executor(prompt: str) -> str:
+        return ANSWER if prompt.startswith("<tool_response>") else CALL
+
+    grades = iter(["A", "B"])
+    script = role_script(executor=executor)
+    agent, client, memory = agent_with(
+        lambda m, p, o: next(grades) if m == "judge" else script(m, p, o), workflow_summary="extractive")
+    await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=2, learn=True))
+    assert [m for m, _ in client.calls if m == "manager"] == []
+    (stored,) = memory.consolidated
+    summaries = sorted((r.is_correct, r.workflow_summary) for r in stored)
+    assert summaries == [
+        (False, "1. **search** (Seine → Seine)\n2. **answer** (the passages above → Seine)"
+                " — judged incorrect: avoid this answer"),
+        (True, "1. **search** (Seine → Seine)\n2. **answer** (the passages above → Seine)"),
+    ]
+
+
 async def test_last_turn_may_only_answer_and_first_turns_must_search() -> None:
     agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=3, max_replans=0,
                                   min_tool_calls=1)

@@ -143,7 +143,7 @@ def test_config_defaults_are_the_papers() -> None:
 @pytest.mark.parametrize("field, value", [
     ("lr", 0.0), ("lr", math.nan), ("clip_eps", 1.0), ("clip_eps_high", 0.0), ("kl_beta", -0.1),
     ("temperature", 0.0), ("max_grad_norm", -1.0), ("micro_batch_size", 0), ("num_epochs", 0),
-    ("advantage_eps", 0.0), ("num_checkpoints_kept", 0), ("weight_decay", -1.0), ("device", " "),
+    ("advantage_eps", 0.0), ("num_checkpoints_kept", 0), ("num_reports_kept", 0), ("weight_decay", -1.0), ("device", " "),
 ])
 def test_config_rejects_out_of_range(field: str, value: object) -> None:
     with pytest.raises(msgspec.ValidationError, match=field):

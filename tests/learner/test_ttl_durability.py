@@ -144,7 +144,7 @@ async def test_numbering_continues_after_a_restart(tiny: Path, tmp_path: Path) -
 
 
 async def test_draining_version_is_never_pruned(tiny: Path, tmp_path: Path) -> None:
-    ttl, registry, _ = await _started(tiny, tmp_path, num_checkpoints_kept=1)
+    ttl, registry, _ = await _started(tiny, tmp_path, num_checkpoints_kept=1, num_reports_kept=2)
     try:
         assert (await ttl.update(rollouts(seed=1))).is_published
         async with registry.acquire("planner"):  # a request still running on v2 ...
@@ -156,6 +156,7 @@ async def test_draining_version_is_never_pruned(tiny: Path, tmp_path: Path) -> N
         assert len(published) == 3  # keep + 1, plus the one that was draining
         assert (await ttl.update(rollouts(seed=5))).is_published
         assert not held.exists()  # drained: now it may go
+        assert [r.adapter_version for r in ttl.reports] == [5, 6]  # only the latest reports are kept
     finally:
         ttl.close()
 

@@ -1,0 +1,52 @@
+"""Workflow memories read off a trajectory (``agent.workflow_summary = "extractive"``).
+
+The paper's Manager compresses a judged trajectory into numbered "**action purpose** (input →
+output)" steps. A Manager too small for that invents names the trajectory never saw, and the Planner
+copies them into every later plan for the question. This writes the same steps from what the
+trajectory actually did: each tool call's queries and the titles its results carried, then the
+answer and, for a failure, that it was judged wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..tools.calls import Observation, truncate_words
+from .records import Trajectory
+from .turns import ExecutorTurn
+
+_TITLE = re.compile(r"(?:Doc|Image) \d+\(Title: ([^)\n]*)\)")
+_MAX_TITLES = 3
+
+
+def extractive_workflow(trajectory: Trajectory, is_correct: bool, max_words: int) -> str:
+    steps = [_step(turn, observation) for turn, observation in zip(trajectory.turns, trajectory.observations)]
+    steps = [step for step in steps if step]
+    answer = " ".join((trajectory.final_answer or "").split())
+    outcome = "" if is_correct else " — judged incorrect: avoid this answer"
+    steps.append(f"**answer** (the passages above → {answer or 'none'}){outcome}")
+    text = "\n".join(f"{i}. {step}" for i, step in enumerate(steps, 1))
+    return truncate_words(text, max_words)
+
+
+def _step(turn: ExecutorTurn, observation: Observation | None) -> str:
+    call = turn.tool_call
+    if call is None:
+        return ""
+    inputs = "; ".join(_queries(call.arguments)) or json.dumps(call.arguments, ensure_ascii=False)
+    if observation is None or not observation.is_success:
+        output = "no result"
+    else:
+        titles = list(dict.fromkeys(_TITLE.findall(observation.text)))[:_MAX_TITLES]
+        output = ", ".join(titles) or truncate_words(" ".join(observation.text.split()), 12, " …")
+    return f"**{call.name}** ({inputs} → {output})"
+
+
+def _queries(arguments: dict) -> list[str]:
+    """The query strings of a search-like call (``query_list`` / ``query``), whatever their nesting."""
+    found: list[str] = []
+    for value in arguments.values():
+        items = value if isinstance(value, list) else [value]
+        found += [" ".join(item.split()) for item in items if isinstance(item, str) and item.strip()]
+    return found
