@@ -6,7 +6,7 @@ One ``python -m mia_engine serve`` subprocess on 127.0.0.1 (``--config``, tiny b
 concurrently and without pause: raw-role chat completions, ``mia`` questions with ``learn: true`` and
 their gold answers (the test-time-learning stream: memory writes and GRPO updates), and memory
 searches. Every ``--sample-s`` the RSS of the server and its children (engine cores) is sampled, and
-``/v1/adapters`` read. Reported: requests and errors per kind (any non-200 or transport error is an
+``/v1/adapters`` and ``/v1/memory/stats`` read (the store grows by design, up to its capacities). Reported: requests and errors per kind (any non-200 or transport error is an
 error), RSS growth after the warm-up (the first ``--warmup-fraction`` of the run), adapter versions
 published, and the learning stream's answer accuracy per window of the run.
 """
@@ -104,6 +104,15 @@ class Soak:
         return max((v["version"] for v in body["data"] if v["role"] == "planner"), default=0)
 
 
+    async def store_size(self) -> tuple[int, int]:
+        """(workflow memories, Meta Plan pairs) in the server's store; (-1, -1) = unreadable."""
+        try:
+            body = (await self.http.get("/v1/memory/stats")).json()
+            return int(body["num_entries"]), int(body["num_meta_plans"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return -1, -1
+
+
 def tree_rss_mb(pid: int) -> float:
     try:
         process = psutil.Process(pid)
@@ -121,8 +130,9 @@ def tree_rss_mb(pid: int) -> float:
 
 async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, float]]) -> None:
     while time.monotonic() < soak.deadline:
+        entries, pairs = await soak.store_size()
         samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": tree_rss_mb(pid),
-                        "adapter_version": await soak.adapter_versions()})
+                        "adapter_version": await soak.adapter_versions(), "memories": entries, "meta_plans": pairs})
         await asyncio.sleep(every_s)
 
 
@@ -157,6 +167,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         "num_errors": sum(soak.errors.values()), "error_samples": soak.error_samples, "healthy_at_end": is_healthy,
         "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else None, "rss_end_mb": warm[-1]["rss_mb"] if warm else None,
         "rss_growth_after_warmup_mb": growth,
+        "store_growth_after_warmup": {key: warm[-1][key] - warm[0][key] for key in ("memories", "meta_plans")}
+        if len(warm) > 1 else None,
         "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,
         "learning_accuracy_by_window": windows(soak.learning, duration, args.windows),
         "samples": samples,

@@ -18,8 +18,8 @@ Every figure is a formula over the shapes (``shapes.py``) and config values, wri
   dtype, and the logits (b·T·V x (dtype + 4 + 4) bytes: the logits, their fp32 copy and logsumexp work).
 - **memory**: the encoder's weights (+ one batch of activations) on ``memory.embedder.device``; FAISS
   vectors (fp32, question + caption per entry, plus Meta Plan pairs) on ``memory.index_device``; score
-  key matrices (fp32, question + caption) on ``memory.score_device``; capacities from
-  ``memory.max_num_entries`` / ``max_num_meta_plans``.
+  key matrices (fp32, question + caption) on ``memory.score_device``; capacities from the store's
+  hard limits (``memory.max_num_stored``, and ``max_num_meta_plans`` where it is lower).
 - The serving process pays one ``gpus.cuda_context_gib`` on every GPU it touches.
 
 A GPU whose claims exceed its memory, a KV cache that cannot hold one ``max_model_len`` sequence, a
@@ -250,12 +250,16 @@ def memory_items(config: MIAConfig, encoder: dict) -> dict[str, list[Item]]:
     encoder_bytes = 2 if memory.embedder.dtype == "bfloat16" else 4
     activations = memory.embedder.batch_size * int(encoder["max_position_embeddings"]) \
         * (4 * dim + int(encoder["intermediate_size"])) * encoder_bytes
-    vectors = (2 * memory.max_num_entries + 2 * memory.max_num_meta_plans) * dim * 4
+    # what the store can hold whatever the clear policy: its hard capacities (``max_num_entries`` is the
+    # "cap" policy's softer target, and ``max_num_meta_plans = 0`` means "up to the hard capacity")
+    entries = memory.max_num_stored
+    pairs = min(memory.max_num_meta_plans or memory.max_num_stored, memory.max_num_stored)
+    vectors = (2 * entries + 2 * pairs) * dim * 4
     return {
         "memory.embedder.device": [Item("encoder weights + activations",
                                         bert_params(encoder) * encoder_bytes + activations)],
-        "memory.index_device": [Item(f"FAISS index ({memory.max_num_entries} entries)", vectors)],
-        "memory.score_device": [Item("score key matrices", 2 * memory.max_num_entries * dim * 4)],
+        "memory.index_device": [Item(f"FAISS index ({entries} memories, {pairs} Meta Plan pairs)", vectors)],
+        "memory.score_device": [Item("score key matrices", 2 * entries * dim * 4)],
     }
 
 

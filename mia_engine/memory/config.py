@@ -135,7 +135,9 @@ class MemoryConfig(Frozen):
     max_num_stored: int = 100_000
     """Hard capacity of the workflow memory, whatever ``clear_policy`` says: a write that would pass it
     first clears the lowest-value memories (the "cap" rule: Val = s / (u + 1), older first among
-    equals) down to ``clear_to_fraction`` of it, in the same journaled change."""
+    equals) down to ``clear_to_fraction`` of it, in the same journaled change. Meta Plan Memory has
+    the same hard capacity, of its own, cleared oldest first (``max_num_meta_plans`` is the softer
+    limit applied after each update)."""
     clear_to_fraction: float = 0.9
     """Where a forced clearing stops, as a fraction of ``max_num_stored`` (so it does not run on every write)."""
     num_meta_plans: int = 3

@@ -305,6 +305,26 @@ class ExperienceStore:
 
     def _with_room(self, change: Change) -> Change:
         """``change`` plus the clearing that keeps the store within ``max_num_stored`` once it is applied."""
+        return self._with_room_for_pairs(self._with_room_for_entries(change))
+
+    def _with_room_for_pairs(self, change: Change) -> Change:
+        """The same capacity for Meta Plan pairs, oldest dropped first (one pair per learning question
+        with a success and a failure: unbounded, they grow a long-running server's memory for ever)."""
+        capacity = self._config.max_num_stored
+        new_ids = {p.id for p in change.put_meta_plans if p.id not in self._meta_plans}
+        num_deleted = sum(1 for pair_id in set(change.delete_meta_plans) if pair_id in self._meta_plans)
+        if len(self._meta_plans) - num_deleted + len(new_ids) <= capacity:
+            return change
+        if len(new_ids) > capacity:
+            raise InvalidMemory(f"this change adds {len(new_ids)} Meta Plan pairs; the store keeps at most "
+                                f"{capacity} (memory.max_num_stored)")
+        keep = max(1, int(capacity * self._config.clear_to_fraction) - len(new_ids))
+        protected = {p.id for p in change.put_meta_plans} | set(change.delete_meta_plans)
+        removed = [pair_id for pair_id in self._meta_plans.oldest_beyond(keep) if pair_id not in protected]
+        logger.info("Meta Plan Memory at its capacity (%d): clearing the %d oldest pairs", capacity, len(removed))
+        return msgspec.structs.replace(change, delete_meta_plans=[*change.delete_meta_plans, *removed])
+
+    def _with_room_for_entries(self, change: Change) -> Change:
         new_ids = {e.id for e in change.put_entries if e.id not in self._entries}
         num_deleted = sum(1 for entry_id in set(change.delete_entries) if entry_id in self._entries)
         num_after = len(self._entries) - num_deleted + len(new_ids)

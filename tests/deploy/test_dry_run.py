@@ -95,7 +95,9 @@ def test_8xgpu_learner_gpu_budget_by_hand() -> None:
     tokens = 1 * 16384  # micro_batch_size x max_seq_len
     assert items["learner activations (checkpointed)"] == (
         tokens * (36 * 4096 + 8 * 4096 + 4 * 12288) * 2 + tokens * 151_936 * (2 + 4 + 4))
-    assert items["FAISS index (10000 entries)"] == 2 * 10_000 * 384 * 4
+    # the store's hard capacities (memory.max_num_stored), memories and Meta Plan pairs alike
+    assert items["FAISS index (100000 memories, 100000 Meta Plan pairs)"] == (2 + 2) * 100_000 * 384 * 4
+    assert items["score key matrices"] == 2 * 100_000 * 384 * 4
     assert gpu7.used_bytes < gpu7.capacity_bytes
     assert 45 * GIB < gpu7.used_bytes < 55 * GIB
 

@@ -277,6 +277,22 @@ def test_the_store_never_passes_max_num_stored(new_store: StoreOpener, tmp_path:
     assert state_of(new_store(tmp_path, config)) == before  # the clearing was journaled with the write
 
 
+def test_meta_plan_memory_never_passes_max_num_stored(new_store: StoreOpener, tmp_path: Path, rng: Generator) -> None:
+    """Meta Plan pairs (one per learning question with a success and a failure) have the same hard
+    capacity, of their own, cleared oldest first in the writing change, journaled with it."""
+    config = memory_config(max_num_stored=10, clear_to_fraction=0.5)
+    store = new_store(tmp_path, config)
+    for i in range(10):
+        store.add_meta_plan(MetaPlanPair(f"p{i}", f"q{i}", "a", "b", question_embedding=vector_to_bytes(unit(rng))))
+    store.add(make_entry(unit(rng)))  # workflow memories count apart
+    store.add_meta_plan(MetaPlanPair("newest", "q", "a", "b", question_embedding=vector_to_bytes(unit(rng))))
+    pairs = {r.id for r in store.export_records() if isinstance(r, MetaPlanPair)}
+    assert pairs == {"p6", "p7", "p8", "p9", "newest"} and len(store) == 1
+    before = state_of(store)
+    store.close()
+    assert state_of(new_store(tmp_path, config)) == before
+
+
 def test_a_caption_reranks_retrieval_as_the_papers_score_says(new_store: StoreOpener, tmp_path: Path,
                                                               rng: Generator) -> None:
     """Sim = 0.8 cos(q) + 0.2 cos(caption), min-max normalised in the bucket, Score = 0.7 Ŝ + 0.3 Val
