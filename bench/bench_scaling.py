@@ -7,7 +7,8 @@ The loop runs in this process on ``Services`` (the serving path without its HTTP
 ``--rollouts`` says otherwise. Memory sizes are reached by importing synthetic entries (random unit
 embeddings, short texts: the store, its FAISS index and the fused scoring run as with real ones; only
 the encoder is skipped, which is the same cost at any size). Each concurrency level answers
-``max(level, --min-questions)`` questions; memory levels run at ``--memory-concurrency``.
+``max(level, --min-questions)`` questions. Memory levels run at ``--memory-concurrency``, one store per
+size, in ``--memory-rounds`` rounds whose order alternates (the ratio is the median of the rounds').
 Goals (issue 15): no cliff: throughput at 100k memories >= 0.9x empty; 128 in flight >= 32 in flight.
 """
 
@@ -31,6 +32,7 @@ from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.memory.entries import MemoryEntry, vector_to_bytes  # noqa: E402
+from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 
 
@@ -46,16 +48,16 @@ def synthetic_entries(num: int, dim: int, categories: list[str], seed: int) -> l
             for i in range(num)]
 
 
-async def fill_memory(services: Services, target: int, seed: int) -> int:
+async def fill_memory(memory: MemoryService, target: int, seed: int) -> int:
     """Import synthetic entries until the store holds ``target`` (in chunks, so journal records stay small)."""
-    stats = await services.memory.stats()
+    stats = await memory.stats()
     have = stats.num_entries
     dim = stats.dim
-    categories = list(services.config.memory.categories)
+    categories = list(memory.config.categories)
     chunk = 5000
     while have < target:
         num = min(chunk, target - have)
-        have += await services.memory.import_records(synthetic_entries(num, dim, categories, seed + have))
+        have += await memory.import_records(synthetic_entries(num, dim, categories, seed + have))
     return have
 
 
@@ -70,15 +72,18 @@ async def run_level(services: Services, questions: list[str], concurrency: int, 
             await agent.research(ResearchRequest(q, None, rollouts, False))
             latencies.append(time.perf_counter() - start)
 
-    before = _tokens(services)
+    before, stages_before = _tokens(services), services.metrics.breakdown()["stage_seconds"]
     start = time.perf_counter()
     await asyncio.gather(*(one(q) for q in questions))
     wall = time.perf_counter() - start
     prompt, generated = (after - b for after, b in zip(_tokens(services), before))
+    stages = services.metrics.breakdown()["stage_seconds"]
     return {"questions": len(questions), "questions_per_s": len(questions) / wall, "p50_s": statistics.median(latencies),
             "p99_s": percentile(latencies, 0.99), "wall_s": wall,
             "prompt_tokens_per_question": prompt / len(questions),
-            "generated_tokens_per_question": generated / len(questions)}
+            "generated_tokens_per_question": generated / len(questions),
+            "stage_s_per_question": {stage: (seconds - stages_before.get(stage, 0.0)) / len(questions)
+                                     for stage, seconds in sorted(stages.items())}}
 
 
 def _tokens(services: Services) -> tuple[float, float]:
@@ -101,29 +106,65 @@ async def main_async(args: argparse.Namespace) -> dict:
     await services.start()
     result: dict = {"concurrency": {}, "memories": {}}
     try:
-        await run_level(services, questions_for(4, 10**6), 4, args.rollouts)  # warm-up
+        warm_up = max(4, args.memory_concurrency)  # the encoder and the engine see batch shapes like the levels'
+        await run_level(services, questions_for(warm_up, 10**6), warm_up, args.rollouts)
         offset = 0
         for level in args.concurrency:
             questions = questions_for(max(level, args.min_questions), offset)
             offset += len(questions)
             result["concurrency"][level] = await run_level(services, questions, level, args.rollouts)
             print(f"concurrency {level}: {result['concurrency'][level]}", flush=True)
-        for size in sorted(args.memories):
-            stored = await fill_memory(services, size, args.seed)
-            questions = questions_for(args.min_questions, offset)
-            offset += len(questions)
-            row = await run_level(services, questions, args.memory_concurrency, args.rollouts)
-            result["memories"][size] = {**row, "stored": stored}
-            print(f"memories {stored}: {row}", flush=True)
+        result["memories"], result["memory_ratios"] = await memory_levels(services, tmp, args, offset)
     finally:
         await services.stop()
-    conc, mem = result["concurrency"], result["memories"]
+    conc = result["concurrency"]
     if 32 in conc and 128 in conc:
         result["ratio_128_vs_32"] = conc[128]["questions_per_s"] / conc[32]["questions_per_s"]
-    sizes = sorted(mem)
-    if len(sizes) > 1:
-        result["ratio_largest_vs_empty_memory"] = mem[sizes[-1]]["questions_per_s"] / mem[sizes[0]]["questions_per_s"]
+    if result["memory_ratios"]:
+        result["ratio_largest_vs_empty_memory"] = statistics.median(result["memory_ratios"])
     return result
+
+
+async def memory_levels(services: Services, tmp: Path, args: argparse.Namespace,
+                        offset: int) -> tuple[dict[int, dict], list[float]]:
+    """One store per size (all sharing the server's encoder), filled first; then rounds in which the
+    agent answers ``--min-questions`` new questions against each store in turn, the order reversed
+    every round. Per size: the median of its rounds; and per round the largest/smallest ratio."""
+    sizes = sorted(args.memories)
+    stores = {}
+    for size in sizes:
+        stores[size] = await MemoryService.open(tmp / f"memory-{size}", services.config.memory,
+                                                encoder=services.encoders[0])
+        await fill_memory(stores[size], size, args.seed)
+    agent = services.agent.agent
+    served = agent.memory
+    rows: dict[int, list[dict]] = {size: [] for size in sizes}
+    ratios = []
+    try:
+        for r in range(args.memory_rounds):
+            for size in sizes if r % 2 == 0 else reversed(sizes):
+                agent.memory = stores[size]
+                questions = questions_for(args.min_questions, offset)
+                offset += len(questions)
+                rows[size].append({**await run_level(services, questions, args.memory_concurrency, args.rollouts),
+                                   "stored": (await stores[size].stats()).num_entries})
+                print(f"round {r}, memories {size}: {rows[size][-1]}", flush=True)
+            if len(sizes) > 1:
+                ratios.append(rows[sizes[-1]][-1]["questions_per_s"] / rows[sizes[0]][-1]["questions_per_s"])
+    finally:
+        agent.memory = served
+        for store in stores.values():
+            await store.close()
+    return {size: {**_median_row(runs), "rounds": runs} for size, runs in rows.items()}, ratios
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """Per numeric field the median over rounds (stage times included)."""
+    row = {key: statistics.median(run[key] for run in runs) for key, value in runs[0].items()
+           if isinstance(value, (int, float))}
+    row["stage_s_per_question"] = {stage: statistics.median(run["stage_s_per_question"].get(stage, 0.0) for run in runs)
+                                   for stage in runs[0]["stage_s_per_question"]}
+    return row
 
 
 def plot(result: dict, out: Path) -> None:
@@ -156,6 +197,7 @@ def main() -> None:
     parser.add_argument("--memories", type=int, nargs="+", default=[0, 10_000, 100_000])
     parser.add_argument("--min-questions", type=int, default=32, help="questions per level at least")
     parser.add_argument("--memory-concurrency", type=int, default=32)
+    parser.add_argument("--memory-rounds", type=int, default=3, help="rounds over the memory sizes, order alternating")
     parser.add_argument("--rollouts", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)

@@ -155,6 +155,11 @@ class MemoryConfig(Frozen):
     with CUDA (faiss-gpu). Never chosen implicitly: on a GPU box give it the GPU that no engine uses."""
     score_backend: str = "auto"
     """``backend`` passed to ``kernels.memory_score.memory_topk``."""
+    score_cpu_threads: int = 1
+    """OpenBLAS threads the CPU score may use per call; 0 = the library's default (one per core).
+    One by default: in a serving process the engine holds the cores, and OpenBLAS's threads, which
+    spin after each product, slowed the whole research loop by 10 % at 100k memories on 2 cores
+    (bench/RESULTS.md, section 8). On an otherwise idle machine more threads shorten a search."""
     max_import_bytes: int = 256 * 1024 * 1024
     """Largest JSONL body the HTTP import route accepts."""
     search_batch_size: int = 64
@@ -173,6 +178,7 @@ class MemoryConfig(Frozen):
         require(-1.0 <= self.min_similarity <= 1.0, "min_similarity must be in [-1, 1]")
         require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
         require(self.search_batch_size >= 1, "search_batch_size must be >= 1")
+        require(self.score_cpu_threads >= 0, "score_cpu_threads must be >= 0")
         require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),
                  f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import torch
 
+from .blas import blas_thread_cap
 from .buckets import Bucket, ScoredRow, ScoreFn
 from .config import MemoryConfig
 from .consolidation import entries_to_clear, should_replace
@@ -78,6 +79,7 @@ class ExperienceStore:
         self._clock = clock
         self._score_fn = score_fn
         self._device = _score_device(config.score_device)
+        self._blas_cap = blas_thread_cap(config.score_cpu_threads if self._device.type == "cpu" else 0)
         self._faiss_resources = gpu_resources(config.index_device)
         self._entries: dict[str, MemoryEntry] = {}
         self._buckets: dict[BucketKey, Bucket] = {}
@@ -157,9 +159,10 @@ class ExperienceStore:
             if found is None or k <= 0:
                 ranked = [([], [])] * len(members)
             else:
-                ranked = found.top_k(np.stack([queries[i].query_q for i in members]),
-                                     [queries[i].query_c for i in members], k, self._config.score, self._score_fn,
-                                     self._config.score_backend)
+                with self._blas_cap():
+                    ranked = found.top_k(np.stack([queries[i].query_q for i in members]),
+                                         [queries[i].query_c for i in members], k, self._config.score,
+                                         self._score_fn, self._config.score_backend)
             for i, (positives, negatives) in zip(members, ranked):
                 query = queries[i]
                 results[i] = SearchResult(

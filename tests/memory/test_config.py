@@ -34,6 +34,8 @@ def test_toml_like_dict_converts() -> None:
         ({"durability": {"snapshot_interval": 0}}, "snapshot_interval"),
         ({"embedder": {"batch_size": 0}}, "batch_size"),
         ({"min_similarity": 1.5}, "min_similarity"),
+        ({"search_batch_size": 0}, "search_batch_size"),
+        ({"score_cpu_threads": -1}, "score_cpu_threads"),
         ({"unknown_field": 1}, "unknown_field"),
     ],
 )

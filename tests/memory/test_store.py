@@ -358,3 +358,31 @@ def test_min_similarity_drops_unrelated_memories_and_meta_plans(new_store: Store
         open_floor.add(entry)
     result = open_floor.search(query, None, open_floor.bucket_key("text", None), num_positive=2, num_negative=2)
     assert len(result.positives) == 1 and len(result.negatives) == 1
+
+
+@pytest.mark.parametrize("cap", [1, 0])
+def test_cpu_scoring_caps_openblas_threads_only_while_it_runs(tmp_path: Path, rng: Generator, cap: int) -> None:
+    """``score_cpu_threads``: OpenBLAS's threads are capped inside the score call and restored after it."""
+    from threadpoolctl import ThreadpoolController
+
+    from kernels.memory_score import memory_topk
+
+    openblas = ThreadpoolController().select(internal_api="openblas")
+    default = max(info["num_threads"] for info in openblas.info())
+    if default < 2:
+        pytest.skip("one BLAS thread already: a cap could not be told apart")
+    seen: list[int] = []
+
+    def recording_score(*args: object, **kwargs: object) -> object:
+        seen.append(max(info["num_threads"] for info in ThreadpoolController().select(internal_api="openblas").info()))
+        return memory_topk(*args, **kwargs)
+
+    store = ExperienceStore.open(tmp_path, memory_config(score_cpu_threads=cap), DIM, clock=FakeClock(),
+                                 score_fn=recording_score)
+    try:
+        store.add(make_entry(unit(rng)))
+        store.search(unit(rng), None, store.bucket_key("text", None), num_positive=1, num_negative=1)
+    finally:
+        store.close()
+    assert seen == [cap or default]
+    assert max(info["num_threads"] for info in openblas.info()) == default
