@@ -6,9 +6,10 @@ One ``python -m mia_engine serve`` subprocess on 127.0.0.1 (``--config``, tiny b
 concurrently and without pause: raw-role chat completions, ``mia`` questions with ``learn: true`` and
 their gold answers (the test-time-learning stream: memory writes and GRPO updates), and memory
 searches. Every ``--sample-s`` the RSS of the server and its children (engine cores) is sampled, and
-``/v1/adapters`` and ``/v1/memory/stats`` read (the store grows by design, up to its capacities). Reported: requests and errors per kind (any non-200 or transport error is an
-error), RSS growth after the warm-up (the first ``--warmup-fraction`` of the run), adapter versions
-published, and the learning stream's answer accuracy per window of the run.
+``/v1/adapters`` and ``/v1/memory/stats`` read (the store grows by design, up to its capacities).
+Reported: requests and errors per kind (any non-200 or transport error is an error), RSS growth after
+the warm-up (the first ``--warmup-fraction`` of the run), adapter versions published, and the learning
+stream's answer accuracy per window of the run.
 """
 
 from __future__ import annotations

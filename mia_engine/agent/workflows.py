@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 from ..tools.calls import Observation, truncate_words
+from ..tools.registry import query_list
 from .records import Trajectory
 from .turns import ExecutorTurn
 
@@ -34,19 +36,14 @@ def _step(turn: ExecutorTurn, observation: Observation | None) -> str:
     call = turn.tool_call
     if call is None:
         return ""
-    inputs = "; ".join(_queries(call.arguments)) or json.dumps(call.arguments, ensure_ascii=False)
+    queries, error = query_list(call.arguments, max_queries=sys.maxsize)  # the search tool's own parsing, uncapped
+    if error:  # not a search (or a malformed one): its arguments as given
+        inputs = json.dumps(call.arguments, ensure_ascii=False)
+    else:
+        inputs = "; ".join(" ".join(query.split()) for query in queries)
     if observation is None or not observation.is_success:
         output = "no result"
     else:
         titles = list(dict.fromkeys(_TITLE.findall(observation.text)))[:_MAX_TITLES]
         output = ", ".join(titles) or truncate_words(" ".join(observation.text.split()), 12, " …")
     return f"**{call.name}** ({inputs} → {output})"
-
-
-def _queries(arguments: dict) -> list[str]:
-    """The query strings of a search-like call (``query_list`` / ``query``), whatever their nesting."""
-    found: list[str] = []
-    for value in arguments.values():
-        items = value if isinstance(value, list) else [value]
-        found += [" ".join(item.split()) for item in items if isinstance(item, str) and item.strip()]
-    return found
