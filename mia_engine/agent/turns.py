@@ -146,7 +146,7 @@ def executor_turn_regex(
     ``fixed_query`` when given). Plain groups, bounded repeats, no lookarounds or lazy quantifiers: a
     subset every structured-output backend compiles."""
     if fixed_query is not None:
-        literal = _regex_literal(json.dumps(fixed_query, ensure_ascii=False))
+        literal = regex_literal(json.dumps(fixed_query, ensure_ascii=False))
         search = rf'\{{"name": "search", "arguments": \{{"query_list": \[{literal}\]\}}\}}'
         return rf"<think>[^<]{{1,{max_think_chars}}}</think>\n<tool_call>\n{search}\n</tool_call>"
     calls = [_call_regex(name, max_query_chars, max_queries) for name in tool_names]
@@ -159,13 +159,15 @@ def executor_turn_regex(
     return think + (rf"({call}|{answer})" if allow_answer else call)
 
 
-def _regex_literal(text: str) -> str:
-    """``text`` matched literally; only regex metacharacters are escaped (``re.escape`` also escapes
-    spaces and other characters that not every structured-output backend accepts escaped)."""
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+def regex_literal(text: str) -> str:
+    """``text`` matched literally; only regex metacharacters are escaped, and line breaks and tabs
+    written as ``\\n`` / ``\\t`` (``re.escape`` also escapes spaces and other characters that not every
+    structured-output backend accepts escaped)."""
+    return "".join(_REGEX_ESCAPES.get(c) or ("\\" + c if c in _REGEX_META else c) for c in text)
 
 
 _REGEX_META = frozenset("\\.^$*+?{}[]()|/")
+_REGEX_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def _call_regex(name: str, max_query_chars: int, max_queries: int) -> str:
