@@ -129,6 +129,28 @@ class AgentConfig(Frozen):
     no search succeeded. The embedded 135M default uses it (bench/RESULTS.md, section 5)."""
     evidence_max_words: int = 600
     """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
+    plan_form: Literal["text", "searches"] = "text"
+    """What the Planner writes. ``text``: a step-by-step plan in prose, shown to the Executor as its guide
+    (paper, reference). ``searches``: the searches to make, one to ``max_plan_searches`` lines
+    ``Search: <query>`` (always enforced by structured outputs, also when sampling G plans), which the
+    Executor runs in order after its first search, then the answer (with ``answer_from = "evidence"``
+    every turn is then fixed, so the loop runs the searches at once instead of generating the turns);
+    a workflow memory of such a rollout is its searches in the same lines, so the Planner reuses a
+    past success by copying them. For Planners too small to write prose a tiny Executor can follow (the
+    embedded 135M default; bench/RESULTS.md section 5). Plan tokens sampled under the regex are not the
+    policy's own samples, so the learner does not train on them: in this form test-time learning is the
+    memory's (a reflection and replan, if any, still train)."""
+    replay_min_similarity: float | None = None
+    """Replay of verified plans. At inference (one greedy plan, no learning), when the best positive
+    memory retrieved for the question is of a question with a raw cosine at least this to it, the
+    Planner writes exactly that memory's plan (forced by structured outputs), so a success stored for
+    the same question is reused as it was; learning passes still sample their G plans. None = never
+    (paper, reference: the Planner writes every plan with the memories in its prompt). For Planners too
+    small to copy a plan from their prompt (the embedded 135M one turned "SPINTAMORIL" into
+    "SPARTAMORIL" and lost the answer; bench/RESULTS.md section 5)."""
+    max_plan_searches: int = 2
+    """Most searches a plan of the ``searches`` form may list (their queries are bounded by
+    ``regex.max_query_chars``)."""
     planner_max_words: int = 400
     """Word limit the plan prompt asks for (reference: 400)."""
     planner_max_words_image: int = 300
@@ -212,6 +234,9 @@ class AgentConfig(Frozen):
     def __post_init__(self) -> None:
         require(self.num_rollouts >= 1 and self.num_rollouts_low_latency >= 1, "num_rollouts must be >= 1")
         require(self.max_turns >= 1, "max_turns must be >= 1")
+        require(self.max_plan_searches >= 1, "max_plan_searches must be >= 1")
+        require(self.replay_min_similarity is None or -1.0 <= self.replay_min_similarity <= 1.0,
+                "replay_min_similarity must be in [-1, 1]")
         require(self.max_replans >= 0, "max_replans must be >= 0")
         require(self.replan_max_turns >= 0 and self.tool_response_max_words >= 0,
                  "replan_max_turns and tool_response_max_words must be >= 0")

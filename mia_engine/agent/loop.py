@@ -26,11 +26,13 @@ from .config import AgentConfig
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
+from .plan_searches import SEARCH_PREFIX, parse_plan_searches, plan_searches_regex, render_plan_searches
 from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from .stages import StageObserver, StageTimer
-from .workflows import extractive_workflow
+from .turns import regex_literal
+from .workflows import extractive_workflow, searches_workflow
 from ..memory.entries import SummarisedRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
@@ -105,16 +107,17 @@ class ResearchAgent:
             with clock("caption"):
                 caption = await self._caption(request.image)
             emit("caption", {"caption": caption})
-        memories, used_ids = prompts.NO_MEMORIES, []
+        memories, used_ids, replay = prompts.NO_MEMORIES, [], None
         if request.use_memory and request.use_planner:
             with clock("retrieve"):
-                memories, used_ids = await self._retrieve(request.question, caption)
+                memories, used_ids, replay = await self._retrieve(request.question, caption)
         plan_prompt: list[int] = []
         completions: list[Completion | None] = [None] * request.num_rollouts
         affinity = uuid.uuid4().hex  # one replica for the G plans and every Planner turn that continues them
         if request.use_planner:
             with clock("plan"):
-                plan_prompt, planned = await self._plan(request, memories, caption, affinity)
+                plan_prompt, planned = await self._plan(request, memories, caption, affinity,
+                                                        None if request.is_exploring else replay)
             completions = list(planned)
         plans = [strip_think(c.text) if c is not None else "" for c in completions]
         emit("plans", {"num_plans": len(plans)})
@@ -153,22 +156,44 @@ class ResearchAgent:
                                     sampling_options(self.config.caption), images=[image])
         return truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
 
-    async def _retrieve(self, question: str, caption: str | None) -> tuple[str, list[str]]:
+    async def _retrieve(self, question: str, caption: str | None) -> tuple[str, list[str], str | None]:
+        """(the Planner's memory block, the ids shown, the plan to replay or None: ``replay_min_similarity``)."""
         result = await self.memory.search(question, caption=caption or None)
         positives = [(h.entry.question, h.entry.workflow_summary) for h in result.positives]
         negatives = [(h.entry.question, h.entry.workflow_summary) for h in result.negatives]
         used = [h.entry.id for h in (*result.positives, *result.negatives)]
-        return prompts.render_memories(positives, negatives), used
+        floor = self.config.replay_min_similarity
+        replay = next((h.entry.plan for h in result.positives
+                       if floor is not None and h.sim >= floor and strip_think(h.entry.plan)), None)
+        return prompts.render_memories(positives, negatives), used, replay
 
-    async def _plan(self, request: ResearchRequest, memories: str, caption: str | None,
-                    affinity: str) -> tuple[list[int], list[Completion]]:
-        """(the Planner's prompt ids, the G plans): one request with n = G."""
-        max_words = self.config.planner_max_words if request.image is None else self.config.planner_max_words_image
-        text = prompts.render_plan_prompt(request.question, memories, max_words, caption)
+    async def _plan(self, request: ResearchRequest, memories: str, caption: str | None, affinity: str,
+                    replay: str | None = None) -> tuple[list[int], list[Completion]]:
+        """(the Planner's prompt ids, the G plans): one request with n = G. A ``searches`` plan is always
+        written under its regex (a small Planner samples that form from its own policy almost never);
+        ``replay``: a stored plan the Planner must write exactly (``replay_min_similarity``)."""
+        config = self.config
+        regex = None
+        if config.plan_form == "searches":
+            text = prompts.render_plan_searches_prompt(request.question, memories, config.max_plan_searches, caption,
+                                                       is_question_searched=config.first_query == "question")
+            regex = plan_searches_regex(config.max_plan_searches, config.regex.max_query_chars)
+        else:
+            max_words = config.planner_max_words if request.image is None else config.planner_max_words_image
+            text = prompts.render_plan_prompt(request.question, memories, max_words, caption)
+        if replay is not None:
+            replay = strip_think(replay)
+            if config.plan_form == "searches":
+                replay = render_plan_searches(parse_plan_searches(replay, config.max_plan_searches)) or replay
+            regex = regex_literal(replay)
         messages = [{"role": "user", "content": text}]
         num = request.num_rollouts
-        temperature = self.config.planner_rollout_temperature if request.is_exploring else None
-        options = sampling_options(self.config.planner, n=num, temperature=temperature, affinity_key=affinity)
+        temperature = config.planner_rollout_temperature if request.is_exploring else None
+        options = sampling_options(config.planner, n=num, temperature=temperature, regex=regex, affinity_key=affinity)
+        if regex is not None:  # never cut what the regex allows (a token is at least one character)
+            longest = config.max_plan_searches * (len(SEARCH_PREFIX) + config.regex.max_query_chars + 2)
+            longest = max(longest, len(replay)) if replay is not None else longest
+            options = msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, longest))
         prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)
         return prompt_ids, await complete_ids(self.client, self.config.roles.planner, prompt_ids, options)
 
@@ -229,6 +254,9 @@ class ResearchAgent:
 
     async def _summarise(self, question: str, rollout: Rollout) -> str:
         if self.config.workflow_summary == "extractive":
+            if self.config.plan_form == "searches":
+                searches = parse_plan_searches(rollout.plan, self.config.max_plan_searches)
+                return searches_workflow(searches, rollout.is_correct)
             return extractive_workflow(rollout.trajectory, rollout.is_correct, self.config.summary_max_words)
         trace = _trajectory_text(question, rollout.trajectory, self.config.trace_max_words)
         text = prompts.WORKFLOW_SUMMARY.render(max_words=self.config.summary_max_words, question=question,

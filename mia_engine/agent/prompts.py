@@ -56,6 +56,25 @@ plan must contain no factual claims.
 Question: {question}
 """)
 
+PLAN_SEARCHES = Template("planner.plan_searches", """\
+You are a memory-based planning assistant. A separate agent with a search tool will answer the \
+question below; your job is to choose the searches it should make.
+
+{memories}
+Reuse the searches of the successful examples above when they fit the question, and avoid those of \
+the failed ones.
+
+Write at most {max_searches} search queries, one per line, each as "Search: <query>". A query names \
+what to look up (a person, place, work or thing), not the answer.{first_search}
+{caption_block}
+Question: {question}
+""")
+"""The plan prompt of ``agent.plan_form = "searches"``: the plan is the searches themselves, in the form
+a workflow memory of past searches is shown in (``plan_searches``)."""
+
+FIRST_SEARCH_DONE = " The agent has already searched for the question itself."
+"""Said in the searches prompt when the Executor's first search is the question (``first_query``)."""
+
 CAPTION_BLOCK = Template("planner.caption_block", """
 The question comes with an image, which the agent can see and you cannot. Image description: {caption}
 The agent also has `web_image_to_image_search`, which finds images similar to the question's image \
@@ -280,7 +299,7 @@ Trajectory:
 """)
 
 TEMPLATES: tuple[Template, ...] = (
-    PLAN, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
+    PLAN, PLAN_SEARCHES, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
     REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
     REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
 )
@@ -307,6 +326,15 @@ def _memory_section(heading: str, examples: Sequence[tuple[str, str]]) -> str:
 def render_plan_prompt(question: str, memories: str, max_words: int, caption: str | None = None) -> str:
     caption_block = CAPTION_BLOCK.render(caption=caption) if caption else ""
     return PLAN.render(question=question, memories=memories, max_words=max_words, caption_block=caption_block)
+
+
+def render_plan_searches_prompt(question: str, memories: str, max_searches: int, caption: str | None = None, *,
+                                is_question_searched: bool = False) -> str:
+    """The ``searches`` plan prompt; ``is_question_searched``: the Executor's first search is the question."""
+    caption_block = CAPTION_BLOCK.render(caption=caption) if caption else ""
+    return PLAN_SEARCHES.render(question=question, memories=memories, max_searches=max_searches,
+                                caption_block=caption_block,
+                                first_search=FIRST_SEARCH_DONE if is_question_searched else "")
 
 
 def render_executor_prompt(tool_schemas: Iterable[dict], question: str, plan: str | None) -> str:

@@ -8,6 +8,7 @@ encoder forward and one FAISS search per batch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -23,11 +24,12 @@ from ..engines.client import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
+from .plan_searches import parse_plan_searches
 from .records import PlannerTokens, Trajectory
 from .stages import StageTimer
-from .turns import ExecutorTurn, executor_turn_regex, parse_executor_turn
-from ..tools.calls import Observation, truncate_words
-from ..tools.registry import IMAGE_SEARCH, ToolContext, Tools
+from .turns import CALL_CLOSE, CALL_OPEN, ExecutorTurn, executor_turn_regex, parse_executor_turn
+from ..tools.calls import Observation, ToolCall, truncate_words
+from ..tools.registry import IMAGE_SEARCH, SEARCH, ToolContext, Tools
 
 Messages = list[dict[str, Any]]
 Emit = Callable[[str, dict], None]
@@ -57,6 +59,8 @@ class _Run:
     """Replica key of the Planner's reflection and replan (the replica that sampled the plan)."""
     images: list[Any] = field(default_factory=list)
     """The question's image, sent with every Executor turn (its first message holds the image part)."""
+    fixed_queries: list[str] = field(default_factory=list)
+    """The queries of the first text searches, in order, each pinned by its turn's regex."""
 
     def last_answer(self) -> str | None:
         """The ``<answer>`` of the last turn; None when the trajectory ended without one (malformed
@@ -90,7 +94,9 @@ class RolloutRunner:
         unconstrained), not greedily. ``affinity``: the question's replica key; the Planner's turns use it
         (they continue the G-plan request's prefix), the Executor's turns add the rollout index.
         ``image``: the question's image: the Executor sees it and is offered image-to-image search."""
-        planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [])
+        # a plan written under the searches regex is not a sample of the policy the learner scores
+        planner = _PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [],
+                                     is_sampled=self.config.plan_form != "searches")
         context = ToolContext(data_id, image=image)
         with_image = image is not None
         executor_prompt = prompts.render_executor_prompt(self.tools.schemas(with_image=with_image), question,
@@ -101,8 +107,19 @@ class RolloutRunner:
         run = _Run([{"role": "user", "content": content}], question,
                    affinity=f"{affinity}/{index}" if affinity else None, planner_affinity=affinity,
                    images=[image] if with_image else [])
+        run.fixed_queries = [question] if self.config.first_query == "question" else []
+        max_turns, answer_last = self.config.max_turns, True
+        if self.config.plan_form == "searches" and plan_completion is not None:
+            # the Executor runs the plan's searches, then answers (or, answering from the evidence, stops)
+            run.fixed_queries += parse_plan_searches(plan, self.config.max_plan_searches)
+            answer_last = self.config.answer_from != "evidence"
+            num_turns = len(run.fixed_queries) + int(self._is_image_first(run)) + int(answer_last)
+            max_turns = max(1, min(max_turns, num_turns))
         start = time.perf_counter()
-        await self._react(run, context, index, emit, self.config.max_turns)
+        if self.config.plan_form == "searches" and plan_completion is not None and not answer_last:
+            await self._run_pinned(run, context, index, emit, max_turns)
+        else:
+            await self._react(run, context, index, emit, max_turns, answer_last=answer_last)
         first_answer = await self._answer(run, index, emit)
         execute_s = time.perf_counter() - start
         reflection, replan, replan_turn, reflect_s = "", "", -1, 0.0
@@ -145,10 +162,12 @@ class RolloutRunner:
             return own
         return strip_think(answer).strip() or own
 
-    async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
-        """Think → tool call or answer, until an answer, a turn without a call, or the turn cap."""
+    async def _react(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int, *,
+                     answer_last: bool = True) -> None:
+        """Think → tool call or answer, until an answer, a turn without a call, or the turn cap;
+        ``answer_last``: the cap's last turn is the answer-only one (``force_final_answer``)."""
         for turn_index in range(max_turns):
-            is_last = turn_index == max_turns - 1
+            is_last = answer_last and turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
             if self._answer_only(is_last) and run.turns and run.messages[-1]["role"] == "user":
                 # the answer-only turn: say so (and restate the question), appended to the last tool response
@@ -169,6 +188,22 @@ class RolloutRunner:
             run.observations.append(observation)
             if observation is None:
                 return
+            run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
+
+    async def _run_pinned(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
+        """Turns that are pinned whole (a ``searches`` plan answered from the evidence: the Executor has no
+        free turn, and only the thinking would be generated, which nothing reads) are written here, not
+        generated: their calls run at once (one search batch), in order in the trajectory. Generating
+        them would cost a structured-output compile per query (the think block's bounded repeat) and
+        the decoding, for the same searches."""
+        calls = ([ToolCall(IMAGE_SEARCH, {"img_idx": "0"})] if self._is_image_first(run) else []) + \
+            [ToolCall(SEARCH, {"query_list": [query]}) for query in run.fixed_queries]
+        turns = [_written_turn(call) for call in calls[:max_turns]]
+        observations = await asyncio.gather(*(self._observe(run, turn, context, index, emit) for turn in turns))
+        for turn, observation in zip(turns, observations):
+            run.turns.append(turn)
+            run.observations.append(observation)
+            run.messages.append({"role": "assistant", "content": turn.text})
             run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
 
     def _answer_only(self, is_last: bool) -> bool:
@@ -193,21 +228,25 @@ class RolloutRunner:
 
     def _fixed_turn_regex(self, run: _Run) -> str | None:
         """The regex of a turn the config fixes, if this is one: an image question's first turn is the
-        image search (``first_image_search``); the first text search's query is the question itself
-        (``first_query = "question"``)."""
+        image search (``first_image_search``); then the text searches of ``run.fixed_queries`` in order
+        (the question itself with ``first_query = "question"``, a ``searches`` plan's queries)."""
         limits = self.config.regex
-        image_first = self.config.first_image_search and bool(run.images)
+        image_first = self._is_image_first(run)
         if image_first and not run.turns:
             return executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=limits.max_think_chars)
-        if self.config.first_query == "question" and len(run.turns) == int(image_first) \
-                and "search" in self.tools.names():
-            return executor_turn_regex(["search"], max_think_chars=limits.max_think_chars, fixed_query=run.question)
+        index = len(run.turns) - int(image_first)
+        if 0 <= index < len(run.fixed_queries) and "search" in self.tools.names():
+            return executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,
+                                       fixed_query=run.fixed_queries[index])
         return None
+
+    def _is_image_first(self, run: _Run) -> bool:
+        return self.config.first_image_search and bool(run.images)
 
     def _turn_chars(self, run: _Run) -> int:
         """The longest Executor turn the structured-output regexes allow (tags and JSON included)."""
         limits = self.config.regex
-        query = len(json.dumps(run.question, ensure_ascii=False))
+        query = max((len(json.dumps(q, ensure_ascii=False)) for q in [run.question, *run.fixed_queries]), default=0)
         body = max(limits.max_answer_chars, limits.max_queries * (limits.max_query_chars + 4), query, 300)
         return limits.max_think_chars + body + TURN_OVERHEAD_CHARS
 
@@ -273,10 +312,11 @@ class RolloutRunner:
 class _PlannerTranscript:
     """The Planner's conversation of one rollout, in token space, with which tokens it sampled."""
 
-    def __init__(self, prompt_ids: list[int], plan_ids: list[int]) -> None:
+    def __init__(self, prompt_ids: list[int], plan_ids: list[int], *, is_sampled: bool = True) -> None:
+        """``is_sampled``: the plan's tokens are the policy's own samples (else they are context only)."""
         self.prompt_ids = list(prompt_ids)
         self.completion_ids = list(plan_ids)
-        self.mask = [1] * len(plan_ids)
+        self.mask = [int(is_sampled)] * len(plan_ids)
 
     def ids(self) -> list[int]:
         return [*self.prompt_ids, *self.completion_ids]
@@ -291,6 +331,13 @@ class _PlannerTranscript:
         if not any(self.mask) or not self.prompt_ids:
             return None  # a client without token ids (nothing to learn from)
         return PlannerTokens(self.prompt_ids, self.completion_ids, self.mask)
+
+
+def _written_turn(call: ToolCall) -> ExecutorTurn:
+    """A pinned turn the loop writes for the Executor: the call alone, no thinking, nothing generated
+    (``raw`` is empty)."""
+    text = f"{CALL_OPEN}\n{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
+    return ExecutorTurn("", text, None, call, None, True)
 
 
 def _continue_with(run: _Run, replan: str) -> None:

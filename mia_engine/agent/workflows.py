@@ -4,7 +4,8 @@ The paper's Manager compresses a judged trajectory into numbered "**action purpo
 output)" steps. A Manager too small for that invents names the trajectory never saw, and the Planner
 copies them into every later plan for the question. This writes the same steps from what the
 trajectory actually did: each tool call's queries and the titles its results carried, then the
-answer and, for a failure, that it was judged wrong.
+answer and, for a failure, that it was judged wrong. A rollout of a ``searches`` plan is written as the
+searches it ran, in the plan's form.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ import sys
 
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import query_list
+from .plan_searches import render_plan_searches
 from .records import Trajectory
 from .turns import ExecutorTurn
 
 _TITLE = re.compile(r"(?:Doc|Image) \d+\(Title: ([^)\n]*)\)")
 _MAX_TITLES = 3
+
+
+def searches_workflow(searches: list[str], is_correct: bool) -> str:
+    """The workflow of a ``searches`` plan's rollout: its searches in the plan's own lines (what the
+    Executor ran after its first search), so a later Planner reuses them by copying; a failure says so."""
+    outcome = "" if is_correct else "(judged incorrect: avoid these searches)\n"
+    return (render_plan_searches(searches) or "(no searches beyond the question)\n") + outcome
 
 
 def extractive_workflow(trajectory: Trajectory, is_correct: bool, max_words: int) -> str:

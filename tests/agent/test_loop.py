@@ -9,10 +9,11 @@ import msgspec
 
 from mia_engine.agent.config import AgentConfig
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
+from mia_engine.agent.plan_searches import plan_searches_regex
 from mia_engine.agent.rollout import _continue_with, _Run
 from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
-from mia_engine.memory.entries import ConsolidationResult, SearchResult
+from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHit, SearchResult
 from mia_engine.tools.config import ToolsConfig
 from mia_engine.tools.corpus import Passage
 from mia_engine.tools.registry import Tools
@@ -471,3 +472,121 @@ async def test_first_image_search_then_the_question_as_the_first_query() -> None
             assert "Which river is this" in regexes[1] and "web_image" not in regexes[1]
         else:
             assert "Which river is this" in regexes[0] and "web_image" not in regexes[0]
+
+
+SEARCH_PLAN = "Search: river of Paris\nSearch: Seine\n"
+
+
+def searches_script(executor: Callable[[str], str], reflection: str = "no") -> Script:
+    """``role_script`` with a Planner that answers the ``searches`` plan prompt with ``SEARCH_PLAN``."""
+    base = role_script(executor=executor, reflection=reflection)
+
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "planner" and "choose the searches" in prompt:
+            return SEARCH_PLAN
+        return base(model, prompt, options)
+    return script
+
+
+def _evidence_or_call(prompt: str) -> str:
+    return "Seine" if prompt.startswith("Answer the question using only") else CALL
+
+
+async def test_a_searches_plan_is_run_in_order_then_answered_from_the_evidence() -> None:
+    """``plan_form = "searches"``: the Planner writes its plan under the searches regex; the first search
+    is the question, the next ones the plan's queries, in order. Answering from the evidence, every turn
+    is pinned whole, so the loop writes them (no Executor generation, no per-query regex to compile)
+    and the Executor's one call is the evidence answer, which reads every search's passages."""
+    agent, client, _ = agent_with(searches_script(_evidence_or_call), plan_form="searches", first_query="question",
+                                  answer_from="evidence", max_replans=0, max_turns=5)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    (plan_options,) = [o for m, o in client.options if m == "planner"]
+    assert plan_options.regex == plan_searches_regex(2, AgentConfig().regex.max_query_chars)
+    assert plan_options.temperature == 0.0
+    (plan_prompt,) = [p for m, p in client.calls if m == "planner"]
+    assert "already searched for the question itself" in plan_prompt
+    (evidence_prompt,) = [p for m, p in client.calls if m == "executor"]
+    assert evidence_prompt.startswith("Answer the question using only") and "Doc 1(Title: Seine)" in evidence_prompt
+    trajectory = result.rollouts[0].trajectory
+    assert [t.tool_call.arguments["query_list"] for t in trajectory.turns] == [
+        ["Which river flows through Paris?"], ["river of Paris"], ["Seine"]]
+    assert all(t.raw == "" and t.think is None for t in trajectory.turns)  # written, not generated
+    assert trajectory.num_successful_tool_calls == 3 and all(o.is_success for o in trajectory.observations)
+    assert result.answer == "Seine"
+
+    agent, client, _ = agent_with(searches_script(_evidence_or_call), plan_form="searches", first_query="question",
+                                  answer_from="evidence", max_replans=0, max_turns=2)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert len(result.rollouts[0].trajectory.turns) == 2  # max_turns still caps the searches
+
+
+async def test_a_searches_plan_with_its_own_answers_ends_with_an_answer_turn_within_max_turns() -> None:
+    agent, client, _ = agent_with(searches_script(lambda p: ANSWER if "last turn" in p else CALL),
+                                  plan_form="searches", max_replans=0, max_turns=2)
+    result = await agent.research(ResearchRequest("q"))
+    regexes = [o.regex for m, o in client.options if m == "executor"]
+    assert len(regexes) == 2 and "river of Paris" in regexes[0]  # max_turns cuts the plan's second search
+    assert "<tool_call>" not in regexes[1] and "<answer>" in regexes[1]
+    assert result.answer == "Seine"
+
+
+async def test_searches_plans_are_sampled_under_their_regex_and_not_trained_on() -> None:
+    """Learning: the G plans are still written under the regex, at the rollout temperature, so their
+    tokens are not the policy's own samples: the learner gets none of them (a reflection would still
+    train), and the stored workflow is the successful rollout's searches in the plan's form."""
+    learned: list = []
+
+    async def on_learn(rollouts) -> None:
+        learned.extend(r.trajectory.planner for r in rollouts)
+
+    agent, client, memory = agent_with(searches_script(_evidence_or_call), plan_form="searches", max_replans=0,
+                                       answer_from="evidence", workflow_summary="extractive")
+    agent.on_learn = on_learn
+    result = await agent.research(ResearchRequest("q", ground_truth=["Seine"], num_rollouts=2, learn=True))
+    assert [r.is_correct for r in result.rollouts] == [True, True]
+    (plan_options,) = [o for m, o in client.options if m == "planner"]
+    assert plan_options.n == 2 and plan_options.regex is not None
+    assert plan_options.temperature == agent.config.planner_rollout_temperature
+    assert learned == [None, None]
+    ((stored,),) = memory.consolidated
+    assert stored.is_correct and stored.workflow_summary == SEARCH_PLAN
+
+    agent, client, _ = agent_with(searches_script(_evidence_or_call, reflection="no"), plan_form="searches",
+                                  answer_from="evidence")
+    tokens = (await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True))).rollouts[0].trajectory.planner
+    plan_ids = fake_ids(SEARCH_PLAN)
+    assert tokens.completion_ids[:len(plan_ids)] == plan_ids and tokens.completion_mask[:len(plan_ids)] == [0] * len(plan_ids)
+    assert tokens.completion_mask[-len(fake_ids("no")):] == [1] * len(fake_ids("no"))  # the reflection trains
+
+
+def _hit(plan: str, sim: float) -> MemoryHit:
+    entry = MemoryEntry("m1", "text", "others", "Which river flows through Paris?", "Search: Seine\n", "correct",
+                        plan=plan)
+    return MemoryHit(entry, score=1.0, sim=sim, sim_norm=1.0, value=0.0, freq=1.0)
+
+
+async def test_a_verified_plan_of_the_same_question_is_replayed_at_inference_only() -> None:
+    """``replay_min_similarity``: a positive memory of the same question (raw cosine at the floor or
+    above) is written again exactly, through the Planner under a literal regex; learning still samples;
+    below the floor, or without the setting, the Planner writes its own plan."""
+    stored = "Search: Seine (river)\nSearch: Paris\n"
+
+    async def run(sim: float, floor: float | None, **request: object) -> list[SamplingOptions]:
+        agent, client, memory = agent_with(searches_script(_evidence_or_call), plan_form="searches",
+                                           answer_from="evidence", max_replans=0, replay_min_similarity=floor)
+
+        async def search(question: str, *, caption: str | None = None) -> SearchResult:
+            return SearchResult("text/others", [_hit(stored, sim)], [])
+
+        memory.search = search
+        await agent.research(ResearchRequest("Which river flows through Paris?", **request))
+        return [o for m, o in client.options if m == "planner"]
+
+    (replayed,) = await run(0.99, 0.95)
+    assert replayed.regex == "Search: Seine \\(river\\)\\nSearch: Paris\\n" and replayed.temperature == 0.0
+    assert replayed.max_tokens >= len(stored)
+    general = plan_searches_regex(2, AgentConfig().regex.max_query_chars)
+    assert [o.regex for o in await run(0.90, 0.95)] == [general]  # another question: the Planner's own plan
+    assert [o.regex for o in await run(0.99, None)] == [general]  # the paper: never replayed
+    (learning,) = await run(0.99, 0.95, ground_truth=["Seine"], num_rollouts=2, learn=True)
+    assert learning.regex == general and learning.n == 2  # learning explores
