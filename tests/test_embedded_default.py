@@ -8,11 +8,14 @@ passages instead of all 10,033 (the full build is timed in bench/RESULTS.md, not
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mia_engine.agent.plan_searches import parse_plan_searches, plan_searches_regex
+from mia_engine.config import load_config
 from mia_engine.tools.corpus import wiki_offline_path
 
 from .conftest import ServerHandle, start_server, stop_server, wait_ready
@@ -74,5 +77,10 @@ def test_planner_completion_and_a_mia_question(default_server: ServerHandle) -> 
     searches = rollout["tool_calls"]
     assert searches and searches[0]["arguments"]["query_list"] == [QUESTION]  # agent.first_query = question
     assert "Victor Hugo" in searches[0]["result"]  # the real index found the gold passage
+    agent = load_config("default").agent  # plan_form = searches: SmolLM2 writes its plan as searches,
+    assert re.fullmatch(plan_searches_regex(agent.max_plan_searches, agent.regex.max_query_chars),
+                        rollout["plan"] + "\n")  # the loop keeps plans stripped
+    planned = parse_plan_searches(rollout["plan"], agent.max_plan_searches)  # which the Executor runs in order
+    assert [s["arguments"]["query_list"] for s in searches[1:]] == [[q] for q in planned]
     final = rollout["final_answer"]
     assert answer.choices[0].message.content == (final if final and final.strip() else "No answer was found.")
