@@ -58,8 +58,10 @@ class Prediction(msgspec.Struct, frozen=True):
     is_found: bool
     num_tool_calls: int
     num_tokens: int
-    """Generated tokens: the bare answer; or the Planner's sampled tokens plus the Executor's turns
-    (re-tokenized) over all rollouts. Judge, Router and Manager summaries are not counted."""
+    """Generated tokens: the bare answer; or, over all rollouts, the Planner's plan, reflection and
+    replan and the Executor's generated turns and evidence answer (re-tokenized: a plan written under a
+    regex is generated but not the policy's sample, so the learner's mask would miss it). Judge, Router
+    and Manager summaries are not counted."""
     seconds: float
     """This question's latency (with ``concurrency`` questions in flight)."""
     judge: str | None = None
@@ -190,12 +192,17 @@ def _prediction(question: Question, text: str, num_tool_calls: int, num_tokens: 
 
 
 async def _generated_tokens(services: Services, executor: str, result: ResearchResult) -> int:
+    agent = services.config.agent
     total = 0
     for rollout in result.rollouts:
-        planner = rollout.trajectory.planner
-        total += sum(planner.completion_mask) if planner is not None else 0
-        for turn in rollout.trajectory.turns:
-            total += len(await services.roles.encode(executor, turn.raw))
+        trajectory = rollout.trajectory
+        planner_texts = [rollout.plan, trajectory.reflection, trajectory.replan]
+        executor_texts = [turn.raw for turn in trajectory.turns]  # a turn the loop wrote has raw ""
+        if agent.answer_from == "evidence":
+            executor_texts.append(trajectory.first_answer or "")
+        for role, texts in ((agent.roles.planner, planner_texts), (executor, executor_texts)):
+            for text in filter(None, texts):
+                total += len(await services.roles.encode(role, text))
     return total
 
 
