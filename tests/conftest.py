@@ -83,8 +83,9 @@ def stop_server(server: ServerHandle) -> None:
     stop_process(server.process)
 
 
-def _serve_tiny(tmp: Path) -> Iterator[ServerHandle]:
-    server = start_server(tmp, "tiny")
+def _serve_tiny(tmp: Path, *extra: str) -> Iterator[ServerHandle]:
+    """A tiny-model server for the fixture's scope (``extra``: its command-line overrides)."""
+    server = start_server(tmp, "tiny", *extra)
     try:
         wait_ready(server)
         yield server

@@ -109,14 +109,15 @@ class RolloutRunner:
                    images=[image] if with_image else [])
         run.fixed_queries = [question] if self.config.first_query == "question" else []
         max_turns, answer_last = self.config.max_turns, True
-        if self.config.plan_form == "searches" and plan_completion is not None:
+        runs_plan_searches = self.config.plan_form == "searches" and plan_completion is not None
+        if runs_plan_searches:
             # the Executor runs the plan's searches, then answers (or, answering from the evidence, stops)
             run.fixed_queries += parse_plan_searches(plan, self.config.max_plan_searches)
             answer_last = self.config.answer_from != "evidence"
             num_turns = len(run.fixed_queries) + int(self._is_image_first(run)) + int(answer_last)
             max_turns = max(1, min(max_turns, num_turns))
         start = time.perf_counter()
-        if self.config.plan_form == "searches" and plan_completion is not None and not answer_last:
+        if runs_plan_searches and not answer_last:
             await self._run_pinned(run, context, index, emit, max_turns)
         else:
             await self._react(run, context, index, emit, max_turns, answer_last=answer_last)
@@ -182,13 +183,10 @@ class RolloutRunner:
                 emit("executor_stopped", {"rollout": index, "detail": str(err)})
                 return
             turn = parse_executor_turn(text)
-            run.turns.append(turn)
-            run.messages.append({"role": "assistant", "content": turn.text})
             observation = await self._observe(run, turn, context, index, emit)
-            run.observations.append(observation)
+            _record(run, turn, observation)
             if observation is None:
                 return
-            run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
 
     async def _run_pinned(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
         """Turns that are pinned whole (a ``searches`` plan answered from the evidence: the Executor has no
@@ -201,10 +199,7 @@ class RolloutRunner:
         turns = [_written_turn(call) for call in calls[:max_turns]]
         observations = await asyncio.gather(*(self._observe(run, turn, context, index, emit) for turn in turns))
         for turn, observation in zip(turns, observations):
-            run.turns.append(turn)
-            run.observations.append(observation)
-            run.messages.append({"role": "assistant", "content": turn.text})
-            run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
+            _record(run, turn, observation)
 
     def _answer_only(self, is_last: bool) -> bool:
         """The turn cap's last turn, when it may only answer (``force_final_answer``)."""
@@ -235,8 +230,8 @@ class RolloutRunner:
         if image_first and not run.turns:
             return executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=limits.max_think_chars)
         index = len(run.turns) - int(image_first)
-        if 0 <= index < len(run.fixed_queries) and "search" in self.tools.names():
-            return executor_turn_regex(["search"], max_think_chars=limits.max_think_chars,
+        if 0 <= index < len(run.fixed_queries) and SEARCH in self.tools.names():
+            return executor_turn_regex([SEARCH], max_think_chars=limits.max_think_chars,
                                        fixed_query=run.fixed_queries[index])
         return None
 
@@ -331,6 +326,16 @@ class _PlannerTranscript:
         if not any(self.mask) or not self.prompt_ids:
             return None  # a client without token ids (nothing to learn from)
         return PlannerTokens(self.prompt_ids, self.completion_ids, self.mask)
+
+
+def _record(run: _Run, turn: ExecutorTurn, observation: Observation | None) -> None:
+    """A turn and what followed it, in the trajectory and in the Executor's conversation (no tool
+    response when the turn ended the loop)."""
+    run.turns.append(turn)
+    run.observations.append(observation)
+    run.messages.append({"role": "assistant", "content": turn.text})
+    if observation is not None:
+        run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
 
 
 def _written_turn(call: ToolCall) -> ExecutorTurn:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ServerHandle, start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, _serve_tiny
 
 hypothesis_jsonschema = pytest.importorskip("hypothesis_jsonschema")
 
@@ -35,12 +35,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    server = start_server(tmp_path_factory.mktemp("fuzz_server"), "tiny", *SMALL_LIMITS)
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+    yield from _serve_tiny(tmp_path_factory.mktemp("fuzz_server"), *SMALL_LIMITS)
 
 
 def _operations(document: dict) -> list[tuple[str, str, dict | None]]:

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from mia_engine.agent.plan_searches import parse_plan_searches, plan_searches_regex
 from mia_engine.config import load_config
-from tests.conftest import ServerHandle, _openai, start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, _openai, _serve_tiny
 
 OVERRIDES = ("--agent.plan_form=searches", "--agent.replay_min_similarity=0.95", "--agent.first_query=question",
              "--agent.answer_from=evidence", "--agent.max_replans=0")
@@ -25,12 +25,7 @@ STORED_PLAN = "Search: Seine (river) | Paris\nSearch: Île de la Cité\n"
 
 @pytest.fixture(scope="module")
 def searches_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    server = start_server(tmp_path_factory.mktemp("searches_server"), "tiny", *OVERRIDES)
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+    yield from _serve_tiny(tmp_path_factory.mktemp("searches_server"), *OVERRIDES)
 
 
 def _ask(client: OpenAI, question: str, **extra: object) -> dict:
