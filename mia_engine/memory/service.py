@@ -20,9 +20,9 @@ from typing import TypeVar
 import msgspec
 import numpy as np
 
+from ..coalesce import Coalescer
 from .buckets import ScoreFn
 from .config import MemoryConfig
-from .coalesce import Coalescer
 from .consolidation import choose_rollouts
 from .embedder import Embedder, TextEncoder
 from .entries import (
@@ -88,7 +88,8 @@ class MemoryService:
         self._owns_encoder = owns_encoder
         self._rng = random.Random(config.seed)
         self._is_closed = False
-        self._searches = Coalescer(store.search_many, executor, config.search_batch_size)
+        self._searches = Coalescer(partial(self._run, store.search_many), max_batch=config.search_batch_size,
+                                   name="the memory store's search worker")
         """Concurrent searches scored together (``MemoryConfig.search_batch_size``)."""
 
     @classmethod
@@ -232,6 +233,7 @@ class MemoryService:
         if self._is_closed:
             return
         self._is_closed = True
+        self._searches.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._store.close)
         self._executor.shutdown()
         if self._owns_encoder:

@@ -3,7 +3,8 @@
 The reference sends one HTTP request per query to a separate retrieval server. Here the G
 rollouts of every question in flight share one searcher: queries that arrive within
 ``batch_wait_ms`` of each other (or while a batch is running) go through ONE encoder forward and
-ONE FAISS search, which runs in a thread so the event loop never waits on it.
+ONE FAISS search, which runs in a thread so the event loop never waits on it. A batch that fails is
+retried caller by caller (``coalesce.Coalescer``), so a bad request fails only itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..coalesce import Coalescer
 from .calls import truncate_words
 from .config import ToolsConfig
 from .corpus import BuildProgress, Passage, build_index, load_corpus, load_index
@@ -35,11 +37,8 @@ class QueryEncoder(Protocol):
     async def encode_async(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
-class _Request:
-    __slots__ = ("queries", "top_k", "future")
-
-    def __init__(self, queries: list[str], top_k: int, future: asyncio.Future) -> None:
-        self.queries, self.top_k, self.future = queries, top_k, future
+_Request = tuple[list[str], int]
+"""A caller's queries and its top-k."""
 
 
 class LocalSearch:
@@ -51,15 +50,11 @@ class LocalSearch:
         if self.meta.dim != encoder.dim:
             raise ValueError(f"index {index_dir} has dim {self.meta.dim}, the encoder {encoder.dim}")
         self._encoder = encoder
-        self._batch_wait_s = batch_wait_ms / 1000.0
-        self._max_batch_queries = max_batch_queries
         self._query_prefix = query_prefix
         self._faiss_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="faiss-search")
-        self._pending: list[_Request] = []
-        self._worker: asyncio.Task | None = None
-        self._wake: asyncio.Event | None = None
-        self.num_batches = 0
-        """Micro-batches run so far (one encoder forward and one FAISS search each)."""
+        self._batches: Coalescer[_Request, list[list[Passage]]] = Coalescer(
+            self._run, max_batch=max_batch_queries, name="local search", wait_s=batch_wait_ms / 1000.0,
+            size=lambda request: len(request[0]))
 
     @classmethod
     def from_config(cls, config: ToolsConfig, encoder: Any, index_root: str | Path,
@@ -72,76 +67,35 @@ class LocalSearch:
         return cls(folder, encoder, batch_wait_ms=config.batch_wait_ms,
                    max_batch_queries=config.max_batch_queries, query_prefix=config.query_prefix)
 
+    @property
+    def num_batches(self) -> int:
+        """Micro-batches run so far (one encoder forward and one FAISS search each)."""
+        return self._batches.num_batches
+
     async def search(self, queries: Sequence[str], top_k: int) -> list[list[Passage]]:
         """``top_k`` passages per query, best first; merged with other callers' queries."""
         if not queries:
             return []
         if top_k < 1:
             raise ValueError("top_k must be >= 1")
-        loop = asyncio.get_running_loop()
-        request = _Request([str(q) for q in queries], top_k, loop.create_future())
-        self._ensure_worker(loop)
-        self._pending.append(request)
-        assert self._wake is not None
-        self._wake.set()
-        return await request.future
+        return await self._batches.submit(([str(q) for q in queries], top_k))
 
     def close(self) -> None:
         """Stop the batcher and the FAISS thread (pending callers get an error)."""
-        if self._worker is not None:
-            self._worker.cancel()
-        self._fail(self._pending, RuntimeError("local search is closed"))
-        self._pending = []
+        self._batches.close()
         self._faiss_thread.shutdown(wait=False)
 
-    # ---- micro-batching --------------------------------------------------------------------
-
-    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> None:
-        """One batcher task per event loop (a searcher outlives a test's loop in fixtures)."""
-        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
-            self._wake = asyncio.Event()
-            self._worker = loop.create_task(self._serve(), name="local-search-batcher")
-
-    async def _serve(self) -> None:
-        assert self._wake is not None
-        while True:
-            await self._wake.wait()
-            if self._batch_wait_s > 0:
-                await asyncio.sleep(self._batch_wait_s)
-            else:
-                await asyncio.sleep(0)  # let callers already scheduled in this loop turn enqueue
-            batch = self._take_batch()
-            if not self._pending:
-                self._wake.clear()
-            if batch:
-                await self._run(batch)
-
-    def _take_batch(self) -> list[_Request]:
-        batch, num_queries = [], 0
-        while self._pending and (not batch or num_queries + len(self._pending[0].queries) <= self._max_batch_queries):
-            request = self._pending.pop(0)
-            if not request.future.done():  # a cancelled caller costs nothing
-                batch.append(request)
-                num_queries += len(request.queries)
-        return batch
-
-    async def _run(self, batch: list[_Request]) -> None:
+    async def _run(self, batch: list[_Request]) -> list[list[list[Passage]]]:
+        """One encoder forward and one FAISS search for every query of the batch."""
         # G rollouts of one question often issue the same query: encode and search each text once
-        unique = list(dict.fromkeys(self._query_prefix + q for request in batch for q in request.queries))
-        top_k = min(max(request.top_k for request in batch), len(self.passages))
-        try:
-            vectors = await self._encoder.encode_async(unique)  # (U, d): one forward for the batch
-            loop = asyncio.get_running_loop()
-            ids = await loop.run_in_executor(self._faiss_thread, self._faiss_search, vectors, top_k)
-        except Exception as err:  # every waiter of the batch gets the failure; the batcher lives on
-            self._fail(batch, err)
-            return
-        self.num_batches += 1
+        unique = list(dict.fromkeys(self._query_prefix + q for queries, _ in batch for q in queries))
+        top_k = min(max(k for _, k in batch), len(self.passages))
+        vectors = await self._encoder.encode_async(unique)  # (U, d): one forward for the batch
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(self._faiss_thread, self._faiss_search, vectors, top_k)
         row_of = {text: row for text, row in zip(unique, ids)}
-        for request in batch:
-            if not request.future.done():
-                rows = [row_of[self._query_prefix + query][: request.top_k] for query in request.queries]
-                request.future.set_result([self._passages_of(row) for row in rows])
+        return [[self._passages_of(row_of[self._query_prefix + query][:k]) for query in queries]
+                for queries, k in batch]
 
     def _faiss_search(self, vectors: np.ndarray, top_k: int) -> np.ndarray:
         _, ids = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), top_k)
@@ -149,12 +103,6 @@ class LocalSearch:
 
     def _passages_of(self, row: np.ndarray) -> list[Passage]:
         return [self.passages[i] for i in row.tolist() if i >= 0]
-
-    @staticmethod
-    def _fail(requests: list[_Request], err: BaseException) -> None:
-        for request in requests:
-            if not request.future.done():
-                request.future.set_exception(err)
 
 
 def embedder_name(encoder: Any) -> str:
