@@ -114,26 +114,30 @@ class Soak:
             return -1, -1
 
 
-def tree_rss_mb(pid: int) -> float:
+def tree_rss_mb(pid: int) -> dict[str, float]:
+    """RSS of the server and each of its child processes (the engine core, its worker), by
+    ``name[pid]``, in MB: what grows is told apart, not only the sum."""
     try:
         process = psutil.Process(pid)
         members = [process, *process.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0
+        return {}
+    rss = {}
     for member in members:
         try:
-            total += member.memory_info().rss
+            rss[f"{member.name()}[{member.pid}]"] = member.memory_info().rss / 2**20
         except psutil.NoSuchProcess:
             continue
-    return total / 2**20
+    return rss
 
 
-async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, float]]) -> None:
+async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, Any]]) -> None:
     while time.monotonic() < soak.deadline:
         entries, pairs = await soak.store_size()
-        samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": tree_rss_mb(pid),
-                        "adapter_version": await soak.adapter_versions(), "memories": entries, "meta_plans": pairs})
+        by_process = tree_rss_mb(pid)
+        samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": sum(by_process.values()),
+                        "rss_by_process_mb": by_process, "adapter_version": await soak.adapter_versions(),
+                        "memories": entries, "meta_plans": pairs})
         await asyncio.sleep(every_s)
 
 
@@ -153,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         await asyncio.to_thread(server.wait_ready)
         duration = args.minutes * 60
         soak = Soak(server.base_url, load_questions(args.dataset), time.monotonic() + duration, args.seed)
-        samples: list[dict[str, float]] = []
+        samples: list[dict[str, Any]] = []
         workers = ([soak.chat() for _ in range(args.chat_workers)] + [soak.learn() for _ in range(args.learn_workers)]
                    + [soak.memory_search() for _ in range(args.memory_workers)])
         await asyncio.gather(sample(soak, server.process.pid, args.sample_s, samples), *workers)
@@ -163,11 +167,13 @@ async def main_async(args: argparse.Namespace) -> dict:
         server.stop()
     warm = [s for s in samples if s["t_s"] >= args.warmup_fraction * duration]
     growth = warm[-1]["rss_mb"] - warm[0]["rss_mb"] if len(warm) > 1 else 0.0
+    by_process = {name: warm[-1]["rss_by_process_mb"][name] - mb for name, mb in warm[0]["rss_by_process_mb"].items()
+                  if name in warm[-1]["rss_by_process_mb"]} if len(warm) > 1 else {}
     return {
         "minutes": args.minutes, "config": args.config, "requests": dict(soak.requests), "errors": dict(soak.errors),
         "num_errors": sum(soak.errors.values()), "error_samples": soak.error_samples, "healthy_at_end": is_healthy,
         "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else None, "rss_end_mb": warm[-1]["rss_mb"] if warm else None,
-        "rss_growth_after_warmup_mb": growth,
+        "rss_growth_after_warmup_mb": growth, "rss_growth_after_warmup_by_process_mb": by_process,
         "store_growth_after_warmup": {key: warm[-1][key] - warm[0][key] for key in ("memories", "meta_plans")}
         if len(warm) > 1 else None,
         "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,
