@@ -137,9 +137,11 @@ class AgentConfig(Frozen):
     every turn is then fixed, so the loop runs the searches at once instead of generating the turns);
     a workflow memory of such a rollout is its searches in the same lines, so the Planner reuses a
     past success by copying them. For Planners too small to write prose a tiny Executor can follow (the
-    embedded 135M default; bench/RESULTS.md section 5). Plan tokens sampled under the regex are not the
-    policy's own samples, so the learner does not train on them: in this form test-time learning is the
-    memory's (a reflection and replan, if any, still train)."""
+    embedded 135M default; bench/RESULTS.md section 5). A replan (``max_replans``) is written in the same
+    form under the same regex: the loop runs the searches not made yet, and the final evidence answer
+    reads their passages first. Plan and replan tokens sampled under the regex are not the policy's own
+    samples, so the learner does not train on them: in this form test-time learning is the memory's
+    (a reflection, if any, still trains)."""
     replay_min_similarity: float | None = None
     """Replay of verified plans. At inference (one greedy plan, no learning), when the best positive
     memory retrieved for the question is of a question with a raw cosine at least this to it, the

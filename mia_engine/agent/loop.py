@@ -26,7 +26,7 @@ from .config import AgentConfig
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
-from .plan_searches import SEARCH_PREFIX, parse_plan_searches, plan_searches_regex, render_plan_searches
+from .plan_searches import parse_plan_searches, plan_searches_chars, plan_searches_regex, render_plan_searches
 from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
@@ -191,7 +191,7 @@ class ResearchAgent:
         temperature = config.planner_rollout_temperature if request.is_exploring else None
         options = sampling_options(config.planner, n=num, temperature=temperature, regex=regex, affinity_key=affinity)
         if regex is not None:  # never cut what the regex allows (a token is at least one character)
-            longest = config.max_plan_searches * (len(SEARCH_PREFIX) + config.regex.max_query_chars + 2)
+            longest = plan_searches_chars(config.max_plan_searches, config.regex.max_query_chars)
             longest = max(longest, len(replay)) if replay is not None else longest
             options = msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, longest))
         prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)

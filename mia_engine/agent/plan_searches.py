@@ -29,6 +29,12 @@ def plan_searches_regex(max_searches: int, max_query_chars: int) -> str:
     return rf"({line}){{1,{max_searches}}}"
 
 
+def plan_searches_chars(max_searches: int, max_query_chars: int) -> int:
+    """The longest text ``plan_searches_regex`` allows: a token budget that never cuts it (a token is at
+    least one character)."""
+    return max_searches * (len(SEARCH_PREFIX) + max_query_chars + 2)
+
+
 def parse_plan_searches(plan: str, max_searches: int) -> list[str]:
     """The queries of a plan, in order, without repeats, at most ``max_searches``; lenient about
     spacing and about text around the lines (a plan written without the regex); never raises."""

@@ -108,6 +108,21 @@ Write a revised plan of at most {max_words} words for the agent to continue from
 - Do not state facts or guess the answer.
 """)
 
+REPLAN_SEARCHES = Template("planner.replan_searches", """\
+Write at most {max_searches} new searches for the agent to continue from where it stopped, one per \
+line, each as "Search: <query>".
+- Find what the answer still lacks to answer the question, and search for it: for example the \
+person, place or work that the answer or the passages name.
+- Do not repeat searches that were already made.
+- Do not state facts or guess the answer.
+""")
+"""The replan of ``agent.plan_form = "searches"``: the reference's replan rules, written as the searches
+to make (the form the plan was written in)."""
+
+TRACE_ANSWER = Template("planner.trace_answer", "### Answer read off the passages: {answer}\n")
+"""After the trace the Planner reflects on, when the answer came from the evidence (``answer_from``)
+and so is not one of the Executor's turns."""
+
 # ---- Executor ------------------------------------------------------------------------------------
 
 EXECUTOR = Template("executor.user", """\
@@ -299,7 +314,8 @@ Trajectory:
 """)
 
 TEMPLATES: tuple[Template, ...] = (
-    PLAN, PLAN_SEARCHES, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN, EXECUTOR, GUIDE,
+    PLAN, PLAN_SEARCHES, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN,
+    REPLAN_SEARCHES, TRACE_ANSWER, EXECUTOR, GUIDE,
     REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
     REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
 )

@@ -24,7 +24,7 @@ from ..engines.client import SamplingOptions
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
-from .plan_searches import parse_plan_searches
+from .plan_searches import parse_plan_searches, plan_searches_chars, plan_searches_regex
 from .records import PlannerTokens, Trajectory
 from .stages import StageTimer
 from .turns import CALL_CLOSE, CALL_OPEN, ExecutorTurn, executor_turn_regex, parse_executor_turn
@@ -117,8 +117,9 @@ class RolloutRunner:
             num_turns = len(run.fixed_queries) + int(self._is_image_first(run)) + int(answer_last)
             max_turns = max(1, min(max_turns, num_turns))
         start = time.perf_counter()
-        if runs_plan_searches and not answer_last:
-            await self._run_pinned(run, context, index, emit, max_turns)
+        is_pinned = runs_plan_searches and not answer_last
+        if is_pinned:
+            await self._run_pinned(run, context, index, emit, self._pinned_calls(run)[:max_turns])
         else:
             await self._react(run, context, index, emit, max_turns, answer_last=answer_last)
         first_answer = await self._answer(run, index, emit)
@@ -126,15 +127,23 @@ class RolloutRunner:
         reflection, replan, replan_turn, reflect_s = "", "", -1, 0.0
         if self.config.max_replans > 0 and plan_completion is not None:
             reflect_start = time.perf_counter()
-            reflection, replan = await self._reflect(question, planner, run, index, emit, explore)
+            reflection, replan = await self._reflect(question, planner, run, first_answer, index, emit, explore)
             reflect_s = time.perf_counter() - reflect_start
         final_answer = first_answer
         if replan:
             replan_turn = len(run.turns)
-            _continue_with(run, replan)
             more_start = time.perf_counter()
-            await self._react(run, context, index, emit, self.config.replan_max_turns or self.config.max_turns)
-            final_answer = await self._answer(run, index, emit)
+            if is_pinned:  # the replan's new searches, written like the plan's; the latest are read first
+                queries = [q for q in parse_plan_searches(replan, self.config.max_plan_searches)
+                           if q not in run.fixed_queries]
+                run.fixed_queries += queries
+                await self._run_pinned(run, context, index, emit,
+                                       [ToolCall(SEARCH, {"query_list": [query]}) for query in queries])
+                final_answer = await self._answer(run, index, emit, latest_from=replan_turn)
+            else:
+                _continue_with(run, replan)
+                await self._react(run, context, index, emit, self.config.replan_max_turns or self.config.max_turns)
+                final_answer = await self._answer(run, index, emit)
             execute_s += time.perf_counter() - more_start
         trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
                                 bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls,
@@ -142,11 +151,14 @@ class RolloutRunner:
         emit("answer", {"rollout": index, "answer": final_answer})
         return trajectory, execute_s, reflect_s
 
-    async def _answer(self, run: _Run, index: int, emit: Emit) -> str | None:
+    async def _answer(self, run: _Run, index: int, emit: Emit, *, latest_from: int = 0) -> str | None:
         """The trajectory's answer: the Executor's own, or (``answer_from = "evidence"``) one read off the
-        passages its searches returned."""
+        passages its searches returned; ``latest_from``: the turn where the latest round of searches
+        (a replan's) begins, whose passages are read first (the evidence is cut to a word budget, and
+        a replan searches for what the first round lacked)."""
         own = run.last_answer()
-        evidence = [o.text for o in run.observations if o is not None and o.is_success and o.tool in EVIDENCE_TOOLS]
+        observations = [*run.observations[latest_from:], *run.observations[:latest_from]]
+        evidence = [o.text for o in observations if o is not None and o.is_success and o.tool in EVIDENCE_TOOLS]
         if self.config.answer_from != "evidence" or not evidence:
             return own
         passages = truncate_words("\n".join(dict.fromkeys(evidence)), self.config.evidence_max_words)
@@ -188,15 +200,20 @@ class RolloutRunner:
             if observation is None:
                 return
 
-    async def _run_pinned(self, run: _Run, context: ToolContext, index: int, emit: Emit, max_turns: int) -> None:
+    def _pinned_calls(self, run: _Run) -> list[ToolCall]:
+        """The calls of a rollout whose turns are all fixed: the image search first (``first_image_search``),
+        then the text searches of ``run.fixed_queries`` in order."""
+        return ([ToolCall(IMAGE_SEARCH, {"img_idx": "0"})] if self._is_image_first(run) else []) + \
+            [ToolCall(SEARCH, {"query_list": [query]}) for query in run.fixed_queries]
+
+    async def _run_pinned(self, run: _Run, context: ToolContext, index: int, emit: Emit,
+                          calls: list[ToolCall]) -> None:
         """Turns that are pinned whole (a ``searches`` plan answered from the evidence: the Executor has no
         free turn, and only the thinking would be generated, which nothing reads) are written here, not
         generated: their calls run at once (one search batch), in order in the trajectory. Generating
         them would cost a structured-output compile per query (the think block's bounded repeat) and
         the decoding, for the same searches."""
-        calls = ([ToolCall(IMAGE_SEARCH, {"img_idx": "0"})] if self._is_image_first(run) else []) + \
-            [ToolCall(SEARCH, {"query_list": [query]}) for query in run.fixed_queries]
-        turns = [_written_turn(call) for call in calls[:max_turns]]
+        turns = [_written_turn(call) for call in calls]
         observations = await asyncio.gather(*(self._observe(run, turn, context, index, emit) for turn in turns))
         for turn, observation in zip(turns, observations):
             _record(run, turn, observation)
@@ -261,14 +278,19 @@ class RolloutRunner:
                              "text": truncate_words(observation.text, 60)})
         return observation
 
-    async def _reflect(self, question: str, planner: _PlannerTranscript, run: _Run, index: int,
-                       emit: Emit, explore: bool) -> tuple[str, str]:
+    async def _reflect(self, question: str, planner: _PlannerTranscript, run: _Run, answer: str | None,
+                       index: int, emit: Emit, explore: bool) -> tuple[str, str]:
         """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once.
 
         Its conversation continues in token space from the plan exactly as sampled, so the reflection and
         the replan are conditioned on the Planner's own tokens, as the learner will score them; when
-        exploring they are sampled as the learner assumes (rollout temperature, no constraint)."""
+        exploring they are sampled as the learner assumes (rollout temperature, no constraint). A
+        ``searches`` plan's replan is written in the same form, under the same regex, so (like the plan)
+        it is context, not the policy's sample. ``answer``: the answer the trace led to, shown after the
+        trace when it came from the evidence (it is not one of the Executor's turns)."""
         trace = prompts.render_trace(question, run.turns, run.observations, self.config.trace_max_words)
+        if self.config.answer_from == "evidence" and answer:
+            trace += prompts.TRACE_ANSWER.render(answer=answer)
         sampling = self.config.planner
         temperature = self.config.planner_rollout_temperature if explore else None
         regex = YES_NO_REGEX if self.config.structured_judges and not explore else None
@@ -281,26 +303,35 @@ class RolloutRunner:
             return "", ""
         if not parse_yes_no(decision):
             return decision, ""
+        searches_form = self.config.plan_form == "searches"
+        limit = self.config.max_plan_searches
+        text = (prompts.REPLAN_SEARCHES.render(max_searches=limit) if searches_form
+                else prompts.REPLAN.render(max_words=self.config.replan_max_words))
+        options = sampling_options(sampling, temperature=temperature, affinity_key=run.planner_affinity,
+                                   regex=plan_searches_regex(limit, self.config.regex.max_query_chars)
+                                   if searches_form else None)
+        if searches_form:  # never cut what the regex allows (a token is at least one character)
+            options = msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, plan_searches_chars(
+                limit, self.config.regex.max_query_chars)))
         with self.stages("replan"):
-            replan = await self._planner_turn(planner, prompts.REPLAN.render(max_words=self.config.replan_max_words),
-                                              sampling_options(sampling, temperature=temperature,
-                                                               affinity_key=run.planner_affinity))
+            replan = await self._planner_turn(planner, text, options, is_sampled=not searches_form)
         replan = strip_think(replan) if replan is not None else ""
         if not replan:
             return decision, ""
         emit("replan", {"rollout": index, "replan": truncate_words(replan, 80)})
         return decision, replan
 
-    async def _planner_turn(self, planner: _PlannerTranscript, user_text: str,
-                            options: SamplingOptions) -> str | None:
-        """One more Planner turn after ``user_text``; None when the context is full or the engine refuses."""
+    async def _planner_turn(self, planner: _PlannerTranscript, user_text: str, options: SamplingOptions, *,
+                            is_sampled: bool = True) -> str | None:
+        """One more Planner turn after ``user_text``; None when the context is full or the engine refuses.
+        ``is_sampled``: its tokens are the policy's own samples (else context only, like a regex-written plan)."""
         model = self.config.roles.planner
         try:
             prompt = await self.client.extend_chat(model, planner.ids(), user_text)
             (completion,) = await complete_ids(self.client, model, prompt, options)
         except ValueError:
             return None
-        planner.append(prompt, completion.token_ids)
+        planner.append(prompt, completion.token_ids, is_sampled=is_sampled)
         return completion.text
 
 
@@ -316,11 +347,12 @@ class _PlannerTranscript:
     def ids(self) -> list[int]:
         return [*self.prompt_ids, *self.completion_ids]
 
-    def append(self, prompt: list[int], sampled: list[int]) -> None:
-        """A turn: ``prompt`` extends ``ids()`` by the template's tokens (not the Planner's), then ``sampled``."""
+    def append(self, prompt: list[int], generated: list[int], *, is_sampled: bool = True) -> None:
+        """A turn: ``prompt`` extends ``ids()`` by the template's tokens (not the Planner's), then
+        ``generated`` (the policy's own samples when ``is_sampled``)."""
         glue = prompt[len(self.prompt_ids) + len(self.completion_ids):]
-        self.completion_ids += [*glue, *sampled]
-        self.mask += [0] * len(glue) + [1] * len(sampled)
+        self.completion_ids += [*glue, *generated]
+        self.mask += [0] * len(glue) + [int(is_sampled)] * len(generated)
 
     def tokens(self) -> PlannerTokens | None:
         if not any(self.mask) or not self.prompt_ids:

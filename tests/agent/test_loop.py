@@ -559,6 +559,47 @@ async def test_searches_plans_are_sampled_under_their_regex_and_not_trained_on()
     assert tokens.completion_mask[-len(fake_ids("no")):] == [1] * len(fake_ids("no"))  # the reflection trains
 
 
+class TitledSearch:
+    """One passage per query, titled by the query: which search a passage came from is visible."""
+
+    async def search(self, queries: list[str], top_k: int) -> list[list[Passage]]:
+        return [[Passage(query, f"About {query}.")] for query in queries]
+
+
+async def test_a_searches_replan_runs_only_new_searches_read_first_and_not_trained_on() -> None:
+    """With a ``searches`` plan answered from the evidence, the reflection sees the answer the passages
+    gave, a "yes" brings a replan in the plan's own form (same regex), the loop runs the searches it
+    did not make yet, and the final evidence answer reads that latest round first. The replan, written
+    under a regex, is context for the learner like the plan; the reflection is the policy's sample."""
+    replan = "Search: Seine\nSearch: Paris river\n"
+    base = searches_script(_evidence_or_call, reflection="yes")
+
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        return replan if model == "planner" and "new searches for the agent" in prompt else base(model, prompt, options)
+
+    client, memory = FakeClient(script), FakeMemory()
+    config = msgspec.structs.replace(AgentConfig(), plan_form="searches", first_query="question",
+                                     answer_from="evidence", max_replans=1, max_turns=5)
+    agent = ResearchAgent(client, memory, Tools(ToolsConfig(), local=TitledSearch()), config)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?", ground_truth=["Seine"],
+                                                  learn=True, num_rollouts=1))
+    trajectory = result.rollouts[0].trajectory
+    assert [t.tool_call.arguments["query_list"][0] for t in trajectory.turns] == [
+        "Which river flows through Paris?", "river of Paris", "Seine", "Paris river"]
+    assert trajectory.did_replan and trajectory.replan_turn == 3 and trajectory.replan == replan.strip()
+    planner_prompts = [p for m, p in client.calls if m == "planner"]
+    assert "### Answer read off the passages: Seine" in planner_prompts[1]  # the reflection
+    replan_options = [o for m, o in client.options if m == "planner"][2]
+    assert replan_options.regex == plan_searches_regex(2, config.regex.max_query_chars)
+    first, final = [p for m, p in client.calls if m == "executor"]
+    assert "Title: Paris river" not in first
+    assert final.index("Title: Paris river") < final.index("Title: Which river flows")
+    tokens = trajectory.planner
+    assert tokens is not None
+    sampled = [i for i, m in zip(tokens.completion_ids, tokens.completion_mask) if m]
+    assert sampled == fake_ids("yes")  # neither the plan nor the replan, only the reflection
+
+
 def _hit(plan: str, sim: float) -> MemoryHit:
     entry = MemoryEntry("m1", "text", "others", "Which river flows through Paris?", "Search: Seine\n", "correct",
                         plan=plan)
