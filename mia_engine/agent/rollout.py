@@ -303,18 +303,17 @@ class RolloutRunner:
             return "", ""
         if not parse_yes_no(decision):
             return decision, ""
-        searches_form = self.config.plan_form == "searches"
-        limit = self.config.max_plan_searches
-        text = (prompts.REPLAN_SEARCHES.render(max_searches=limit) if searches_form
-                else prompts.REPLAN.render(max_words=self.config.replan_max_words))
-        options = sampling_options(sampling, temperature=temperature, affinity_key=run.planner_affinity,
-                                   regex=plan_searches_regex(limit, self.config.regex.max_query_chars)
-                                   if searches_form else None)
-        if searches_form:  # never cut what the regex allows (a token is at least one character)
-            options = msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, plan_searches_chars(
-                limit, self.config.regex.max_query_chars)))
+        options = sampling_options(sampling, temperature=temperature, affinity_key=run.planner_affinity)
+        if self.config.plan_form == "searches":
+            limits = (self.config.max_plan_searches, self.config.regex.max_query_chars)
+            text = prompts.REPLAN_SEARCHES.render(max_searches=limits[0])
+            # never cut what the regex allows (a token is at least one character)
+            options = msgspec.structs.replace(options, regex=plan_searches_regex(*limits),
+                                              max_tokens=max(options.max_tokens or 0, plan_searches_chars(*limits)))
+        else:
+            text = prompts.REPLAN.render(max_words=self.config.replan_max_words)
         with self.stages("replan"):
-            replan = await self._planner_turn(planner, text, options, is_sampled=not searches_form)
+            replan = await self._planner_turn(planner, text, options, is_sampled=options.regex is None)
         replan = strip_think(replan) if replan is not None else ""
         if not replan:
             return decision, ""
