@@ -137,8 +137,7 @@ class RolloutRunner:
                 queries = [q for q in parse_plan_searches(replan, self.config.max_plan_searches)
                            if q not in run.fixed_queries]
                 run.fixed_queries += queries
-                await self._run_pinned(run, context, index, emit,
-                                       [ToolCall(SEARCH, {"query_list": [query]}) for query in queries])
+                await self._run_pinned(run, context, index, emit, _search_calls(queries))
                 final_answer = await self._answer(run, index, emit, latest_from=replan_turn)
             else:
                 _continue_with(run, replan)
@@ -204,7 +203,7 @@ class RolloutRunner:
         """The calls of a rollout whose turns are all fixed: the image search first (``first_image_search``),
         then the text searches of ``run.fixed_queries`` in order."""
         return ([ToolCall(IMAGE_SEARCH, {"img_idx": "0"})] if self._is_image_first(run) else []) + \
-            [ToolCall(SEARCH, {"query_list": [query]}) for query in run.fixed_queries]
+            _search_calls(run.fixed_queries)
 
     async def _run_pinned(self, run: _Run, context: ToolContext, index: int, emit: Emit,
                           calls: list[ToolCall]) -> None:
@@ -367,6 +366,11 @@ def _record(run: _Run, turn: ExecutorTurn, observation: Observation | None) -> N
     run.messages.append({"role": "assistant", "content": turn.text})
     if observation is not None:
         run.messages.append({"role": "user", "content": prompts.TOOL_RESPONSE.render(text=observation.text)})
+
+
+def _search_calls(queries: list[str]) -> list[ToolCall]:
+    """One search call per query, in order (the turns the loop writes for pinned searches)."""
+    return [ToolCall(SEARCH, {"query_list": [query]}) for query in queries]
 
 
 def _written_turn(call: ToolCall) -> ExecutorTurn:
