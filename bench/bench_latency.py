@@ -153,7 +153,7 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
     """One question asked ``repeats`` times and its calls replayed as often, each from a reset prefix cache
     (greedy: the same calls every time); medians on both sides, so one noisy sample of the model's
     time on a shared CPU moves neither."""
-    walls, llm_alone, tools_alone, in_run = [], [], [], []
+    walls, llm_alone, tools_alone, in_run, llm_in_run = [], [], [], [], []
     stages: dict[str, float] = {}
     for _ in range(repeats):
         client.calls.clear()
@@ -164,6 +164,7 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
         wall, stages = await ask(http, question)
         walls.append(wall)
         in_run.append(client.seconds + tools.seconds)
+        llm_in_run.append(client.seconds)
         num_llm, num_tool = len(client.calls), len(tools.calls)
         llm, tool = await replay(services, client, tools)
         llm_alone.append(llm)
@@ -174,7 +175,7 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
     wall, llm, tool = statistics.median(walls), statistics.median(llm_alone), statistics.median(tools_alone)
     return {"wall_s": wall, "llm_alone_s": llm, "tools_alone_s": tool, "overhead": wall / (llm + tool),
             "in_run_overhead": statistics.median(w / c for w, c in zip(walls, in_run)),
-            "num_llm_calls": num_llm, "num_tool_calls": num_tool, "llm_in_run_s": client.seconds,
+            "num_llm_calls": num_llm, "num_tool_calls": num_tool, "llm_in_run_s": statistics.median(llm_in_run),
             "walls_s": walls, "llm_alone_runs_s": llm_alone, "stream_first_event_s": first_event,
             "stream_answer_s": answered, "stages_s": stages}
 
