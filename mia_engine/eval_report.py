@@ -1,5 +1,10 @@
 """What ``eval`` prints and writes: a table of every pass, the JSON of everything, and a PNG of
-accuracy by test-time-learning epoch with the baselines as reference lines."""
+accuracy by test-time-learning epoch with the baselines as reference lines.
+
+Each measured pass is also compared with a reference baseline question by question (the questions
+one got right and the other did not, and an exact sign test on them): on a small dev set and a small
+model a few points between two configs are often chance (bench/RESULTS.md section 5), and the
+table should say so rather than leave it to the reader."""
 
 from __future__ import annotations
 
@@ -8,10 +13,42 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from scipy.stats import binomtest
 
 from .evaluate import BASELINES, TTL_MODES, PassResult
 
-COLUMNS = ("mode", "epoch", "accuracy", "found", "tool calls", "tokens", "s/question")
+COLUMNS = ("mode", "epoch", "accuracy", "found", "tool calls", "tokens", "s/question", "vs reference")
+REFERENCES = ("react", "bare")
+"""The baseline each pass is paired with: ReAct (MIA's goal is to beat it), else the bare model."""
+
+
+class Paired(msgspec.Struct, frozen=True):
+    """A pass against the reference on the same questions."""
+
+    wins: int
+    """Questions this pass answered right and the reference wrong."""
+    losses: int
+    """Questions the reference answered right and this pass wrong."""
+    p_value: float
+    """Exact two-sided sign test on wins vs losses (1.0 when they are equal or both 0): the chance of a
+    split at least this uneven if both were equally good."""
+
+    def __str__(self) -> str:
+        return f"+{self.wins} -{self.losses} p={self.p_value:.2f}"
+
+
+def reference_mode(results: dict[str, Any]) -> str | None:
+    return next((m for m in REFERENCES if m in results), None)
+
+
+def paired(this: PassResult, reference: PassResult) -> Paired:
+    """Question by question over the questions both passes answered (matched by id)."""
+    right = {p.id: p.is_match for p in reference.predictions}
+    both = [(p.is_match, right[p.id]) for p in this.predictions if p.id in right]
+    wins = sum(a and not b for a, b in both)
+    losses = sum(b and not a for a, b in both)
+    p_value = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
+    return Paired(wins, losses, float(p_value))
 
 
 def passes_in_order(results: dict[str, Any]) -> list[PassResult]:
@@ -21,24 +58,35 @@ def passes_in_order(results: dict[str, Any]) -> list[PassResult]:
 
 
 def table(results: dict[str, Any]) -> str:
-    """One line per pass; a TTL learning pass is marked ``(learn)``."""
-    lines = [COLUMNS]
+    """One line per pass; a TTL learning pass is marked ``(learn)``; the last column pairs each
+    measured pass with the reference baseline (named in the header)."""
+    ref = reference_mode(results)
+    lines = [(*COLUMNS[:-1], f"vs {ref}" if ref else "")]
     for p in passes_in_order(results):
         mode = f"{p.mode} (learn)" if p.is_learning else p.mode
+        versus = str(paired(p, results[ref])) if ref and p.mode != ref and not p.is_learning else ""
         lines.append((mode, "" if p.epoch is None else str(p.epoch), f"{p.accuracy:.3f}", f"{p.answers_found:.3f}",
                       f"{p.tool_calls_per_question:.2f}", f"{p.tokens_per_question:.0f}",
-                      f"{p.seconds_per_question:.1f}"))
+                      f"{p.seconds_per_question:.1f}", versus))
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
 def report(results: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """The JSON document: the run's settings, a summary per mode, and every pass with its predictions."""
+    """The JSON document: the run's settings, a summary per mode, the pairing of each measured pass
+    with the reference baseline (``vs``), and every pass with its predictions."""
     summary: dict[str, Any] = {m: results[m].accuracy for m in BASELINES if m in results}
     for mode in (m for m in TTL_MODES if m in results):
         summary[mode] = {str(p.epoch): p.accuracy for p in results[mode] if not p.is_learning}
+    ref = reference_mode(results)
+    versus: dict[str, Any] = {}
+    if ref is not None:
+        for p in passes_in_order(results):
+            if p.mode != ref and not p.is_learning:
+                key = p.mode if p.epoch is None else f"{p.mode}/{p.epoch}"
+                versus[key] = msgspec.to_builtins(paired(p, results[ref]))
     passes = {m: msgspec.to_builtins(v) for m, v in results.items()}
-    return {**run, "accuracy": summary, "passes": passes}
+    return {**run, "accuracy": summary, "vs": {"reference": ref, "passes": versus}, "passes": passes}
 
 
 def write_json(document: dict[str, Any], out: Path) -> None:
