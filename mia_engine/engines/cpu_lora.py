@@ -26,24 +26,29 @@ import torch
 
 CONFIG_KEY = "mia_cpu_lora_ops"
 """Key in vLLM's ``additional_config`` (an engine's own config): ``grouped`` selects these ops."""
-GATHER_MAX_TOKENS = 128
-"""Up to this many tokens (decode steps) the per-token gather is cheaper than grouping."""
+GATHER_MAX_ELEMENTS = 196_608
+"""Up to this many gathered weight elements (tokens × out × in) the per-token gather is cheaper than
+grouping (one einsum instead of a loop over adapters). It is a size, not a token count, because the
+gather copies a whole adapter matrix per token: measured, the two cross at about 200k elements on both
+models served here, which is ~150 tokens on the tiny model (hidden 128, rank 8) and ~24 on SmolLM2-135M
+(hidden 576, rank 16) (bench/bench_cpu_lora.py, bench/RESULTS.md section 2). A single token always goes
+the grouped way: it has one adapter, so that is one plain matmul."""
 
 
-def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
-                dtype: torch.dtype) -> torch.Tensor:
-    """Per token, ``inputs @ weights[index].T`` (zero where index < 0), in ``dtype``."""
-    if weights.dim() == 4:  # (slots, 1, out, in)
-        weights = weights.squeeze(1)
-    inputs = inputs.to(dtype)
-    if inputs.shape[0] <= GATHER_MAX_TOKENS:  # vLLM's gather (cheapest for decode), then -1 rows zeroed
-        out = torch.einsum("bi,boi->bo", inputs, weights[indices].to(dtype))
-        no_adapter = indices < 0
-        if no_adapter.any():
-            out.masked_fill_(no_adapter.unsqueeze(1), 0)
-        return out
+def _gathered_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """vLLM's gather, then the no-adapter (-1) rows zeroed."""
+    out = torch.einsum("bi,boi->bo", inputs, weights[indices].to(inputs.dtype))
+    no_adapter = indices < 0
+    if no_adapter.any():
+        out.masked_fill_(no_adapter.unsqueeze(1), 0)
+    return out
+
+
+def _grouped_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """One matmul per adapter present in the batch (a plain matmul when one adapter has all tokens)."""
+    dtype = inputs.dtype
     slots = torch.unique(indices).tolist()
-    if len(slots) == 1 and slots[0] >= 0:  # one adapter for the whole batch: a plain matmul
+    if len(slots) == 1 and slots[0] >= 0:
         return inputs @ weights[slots[0]].to(dtype).T
     out = inputs.new_zeros((inputs.shape[0], weights.shape[1]))
     for slot in slots:
@@ -52,6 +57,18 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
         rows = (indices == slot).nonzero().squeeze(1)
         out[rows] = inputs[rows] @ weights[slot].to(dtype).T
     return out
+
+
+def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Per token, ``inputs @ weights[index].T`` (zero where index < 0), in ``dtype``."""
+    if weights.dim() == 4:  # (slots, 1, out, in)
+        weights = weights.squeeze(1)
+    inputs = inputs.to(dtype)
+    tokens = inputs.shape[0]
+    if 1 < tokens and tokens * weights.shape[1] * weights.shape[2] <= GATHER_MAX_ELEMENTS:
+        return _gathered_delta(inputs, weights, indices)
+    return _grouped_delta(inputs, weights, indices)
 
 
 def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,

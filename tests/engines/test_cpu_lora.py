@@ -11,6 +11,8 @@ from vllm.lora.ops import torch_ops
 from mia_engine.engines import cpu_lora
 
 SLOTS, RANK, HIDDEN, OUT = 4, 8, 64, 96
+SHRINK_GATHER_TOKENS = cpu_lora.GATHER_MAX_ELEMENTS // (RANK * HIDDEN)
+"""The most tokens a shrink here still gathers (an expand, OUT × RANK per token, switches sooner)."""
 
 
 def _indices(num_tokens: int, seed: int, with_base: bool) -> torch.Tensor:
@@ -25,7 +27,7 @@ def _weights(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return w
 
 
-@pytest.mark.parametrize("num_tokens", [1, 7, cpu_lora.GATHER_MAX_TOKENS, 300])
+@pytest.mark.parametrize("num_tokens", [1, 7, SHRINK_GATHER_TOKENS, SHRINK_GATHER_TOKENS + 100])  # both paths of both
 @pytest.mark.parametrize("with_base", [False, True])
 def test_shrink_and_expand_match_vllm(num_tokens: int, with_base: bool) -> None:
     idx = _indices(num_tokens, num_tokens, with_base)
@@ -82,7 +84,7 @@ def test_sequence_variants_match_vllm() -> None:
     torch.testing.assert_close(ours, ref)
 
 
-@pytest.mark.parametrize("num_tokens", [5, cpu_lora.GATHER_MAX_TOKENS + 75])  # the gather path, the grouped path
+@pytest.mark.parametrize("num_tokens", [5, SHRINK_GATHER_TOKENS + 75])  # the gather path, the grouped path
 def test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded(num_tokens: int) -> None:
     """vLLM's ops give a base-model token (index -1) the last slot's adapter; ours give it nothing."""
     idx = torch.zeros(num_tokens, dtype=torch.long)

@@ -1,0 +1,132 @@
+"""Benchmark of the CPU LoRA ops (``mia_engine/engines/cpu_lora.py``) at the shapes of the two models
+this project serves on CPU, per batch size: where the per-token gather stops paying.
+
+For each model's attention projection (tiny: hidden 128, rank 8; SmolLM2-135M: hidden 576, rank 16)
+and each number of tokens in a step, it times, on the same tensors in the same run, the order
+alternated round by round:
+  gather    ``_gathered_delta``: vLLM's gather of one adapter matrix per token, then einsum
+  grouped   ``_grouped_delta``: one matmul per adapter present in the batch
+  chosen    ``_lora_delta``: what the ops run (the gather from 2 tokens up to ``GATHER_MAX_ELEMENTS``)
+  vllm      vLLM's own ``torch_ops`` (what ``vllm serve`` runs on CPU; it also mis-reads index -1)
+for a shrink (``in`` = hidden, ``out`` = rank) and an expand (``in`` = rank, ``out`` = hidden). Each
+step's tokens are spread over three adapters (Planner, Executor, none) of four loaded slots, as in
+the research loop.
+
+Run:  python bench/bench_cpu_lora.py --out bench/results/cpu_lora.json
+or:   python -m pytest bench/bench_cpu_lora.py --benchmark-only   (pytest-benchmark)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from mia_engine.engines import cpu_lora  # noqa: E402
+
+MODELS = {"tiny": (128, 8), "smollm2-135m": (576, 16)}
+"""(hidden size, LoRA rank) of each model's adapters (configs/tiny.toml, configs/default.toml)."""
+SLOTS = 4
+
+
+def case(hidden: int, rank: int, tokens: int, kind: str, dtype: torch.dtype,
+         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs, weights (slots, 1, out, in), indices in {-1, 0, 1}) of one shrink or expand."""
+    g = torch.Generator().manual_seed(seed)
+    size_in, size_out = (hidden, rank) if kind == "shrink" else (rank, hidden)
+    inputs = torch.randn(tokens, size_in, generator=g).to(dtype)
+    weights = torch.randn(SLOTS, 1, size_out, size_in, generator=g).to(dtype)
+    indices = torch.randint(-1, 2, (tokens,), generator=g)
+    return inputs, weights, indices
+
+
+def variants(kind: str, dtype: torch.dtype) -> dict[str, Callable[..., object]]:
+    from vllm.lora.ops import torch_ops
+
+    def vllm(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> object:
+        out = torch.zeros(inputs.shape[0], weights.shape[2], dtype=dtype)
+        if kind == "shrink":
+            return torch_ops.bgmv_shrink(inputs, weights, out, indices, 1.0)
+        return torch_ops.bgmv_expand(inputs, weights, out, indices, True)
+
+    return {
+        "gather": lambda x, w, i: cpu_lora._gathered_delta(x, w.squeeze(1), i),
+        "grouped": lambda x, w, i: cpu_lora._grouped_delta(x, w.squeeze(1), i),
+        "chosen": lambda x, w, i: cpu_lora._lora_delta(x, w, i, dtype),
+        "vllm": vllm,
+    }
+
+
+def time_us(fn: Callable[[], object], min_s: float) -> float:
+    """Mean microseconds per call over at least ``min_s`` seconds (after a warm-up)."""
+    for _ in range(3):
+        fn()
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < min_s:
+        fn()
+        calls += 1
+    return elapsed / calls * 1e6
+
+
+def run(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> list[dict[str, object]]:
+    rows = []
+    for model, (hidden, rank) in MODELS.items():
+        for kind in ("shrink", "expand"):
+            fns = variants(kind, dtype)
+            for count in tokens:
+                x, w, i = case(hidden, rank, count, kind, dtype)
+                samples: dict[str, list[float]] = {name: [] for name in fns}
+                for r in range(rounds):
+                    names = list(fns) if r % 2 == 0 else list(reversed(fns))
+                    for name in names:
+                        samples[name].append(time_us(lambda: fns[name](x, w, i), min_s))
+                us = {name: statistics.median(v) for name, v in samples.items()}
+                elements = count * w.shape[2] * w.shape[3]
+                rows.append({"model": model, "kind": kind, "tokens": count, "gathered_elements": elements,
+                             "chosen_path": "gather" if 1 < count and elements <= cpu_lora.GATHER_MAX_ELEMENTS
+                             else "grouped",
+                             "us": us, "gather_over_grouped": us["gather"] / us["grouped"],
+                             "vllm_over_chosen": us["vllm"] / us["chosen"]})
+                print(f"{model:13s} {kind:6s} {count:4d} tokens  gather {us['gather']:8.1f}  grouped "
+                      f"{us['grouped']:8.1f}  chosen {us['chosen']:8.1f} ({rows[-1]['chosen_path']})  vllm "
+                      f"{us['vllm']:8.1f} us   gather/grouped {rows[-1]['gather_over_grouped']:5.2f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = run(args.tokens, args.rounds, args.min_s, getattr(torch, args.dtype))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                        "torch_threads": torch.get_num_threads(),
+                                        "gather_max_elements": cpu_lora.GATHER_MAX_ELEMENTS, "rows": rows}, indent=1))
+
+
+# ---- pytest-benchmark entry points (python -m pytest bench/bench_cpu_lora.py --benchmark-only) ----------
+
+
+@pytest.mark.parametrize("path", ["gather", "grouped", "vllm"])
+@pytest.mark.parametrize("tokens", [4, 64])
+def test_smollm2_expand(benchmark: object, path: str, tokens: int) -> None:
+    x, w, i = case(*MODELS["smollm2-135m"], tokens, "expand", torch.bfloat16)
+    benchmark(lambda: variants("expand", torch.bfloat16)[path](x, w, i))
+
+
+if __name__ == "__main__":
+    main()
