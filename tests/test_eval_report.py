@@ -4,10 +4,10 @@ question, with an exact sign test (pure logic; the end-to-end run is in test_eva
 from __future__ import annotations
 
 from mia_engine.eval_report import paired, report, table
-from mia_engine.evaluate import Prediction, summarise
+from mia_engine.evaluate import PassResult, Prediction, summarise
 
 
-def _pass(mode: str, right: str, epoch: int | None = None, *, is_learning: bool = False):
+def _pass(mode: str, right: str, epoch: int | None = None, *, is_learning: bool = False) -> PassResult:
     """A pass over questions q0..qN whose i-th answer is right where ``right[i] == "1"``."""
     predictions = [Prediction(f"q{i}", "x", flag == "1", True, 1, 1, 0.1) for i, flag in enumerate(right)]
     return summarise(mode, epoch, predictions, 1.0, is_learning=is_learning)
