@@ -37,8 +37,9 @@ class Paired(msgspec.Struct, frozen=True):
         return f"+{self.wins} -{self.losses} p={self.p_value:.2f}"
 
 
-def reference_mode(results: dict[str, Any]) -> str | None:
-    return next((m for m in REFERENCES if m in results), None)
+def pass_name(p: PassResult) -> str:
+    """``mode`` for a baseline, ``mode/epoch`` for a TTL pass."""
+    return p.mode if p.epoch is None else f"{p.mode}/{p.epoch}"
 
 
 def paired(this: PassResult, reference: PassResult) -> Paired:
@@ -51,6 +52,16 @@ def paired(this: PassResult, reference: PassResult) -> Paired:
     return Paired(wins, losses, float(p_value))
 
 
+def versus(results: dict[str, Any]) -> tuple[str | None, dict[str, Paired]]:
+    """The reference baseline present (None: neither) and every other measured pass paired with it,
+    by ``pass_name`` (learning passes are not measurements, so they are left out)."""
+    ref = next((m for m in REFERENCES if m in results), None)
+    if ref is None:
+        return None, {}
+    return ref, {pass_name(p): paired(p, results[ref]) for p in passes_in_order(results)
+                 if p.mode != ref and not p.is_learning}
+
+
 def passes_in_order(results: dict[str, Any]) -> list[PassResult]:
     """Baselines first, then each TTL variant's passes by epoch (learning pass, then its measurement)."""
     rows = [results[m] for m in BASELINES if m in results]
@@ -60,14 +71,14 @@ def passes_in_order(results: dict[str, Any]) -> list[PassResult]:
 def table(results: dict[str, Any]) -> str:
     """One line per pass; a TTL learning pass is marked ``(learn)``; the last column pairs each
     measured pass with the reference baseline (named in the header)."""
-    ref = reference_mode(results)
+    ref, pairs = versus(results)
     lines = [(*COLUMNS[:-1], f"vs {ref}" if ref else "")]
     for p in passes_in_order(results):
         mode = f"{p.mode} (learn)" if p.is_learning else p.mode
-        versus = str(paired(p, results[ref])) if ref and p.mode != ref and not p.is_learning else ""
+        pair = pairs.get(pass_name(p)) if not p.is_learning else None
         lines.append((mode, "" if p.epoch is None else str(p.epoch), f"{p.accuracy:.3f}", f"{p.answers_found:.3f}",
                       f"{p.tool_calls_per_question:.2f}", f"{p.tokens_per_question:.0f}",
-                      f"{p.seconds_per_question:.1f}", versus))
+                      f"{p.seconds_per_question:.1f}", "" if pair is None else str(pair)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
@@ -78,15 +89,10 @@ def report(results: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {m: results[m].accuracy for m in BASELINES if m in results}
     for mode in (m for m in TTL_MODES if m in results):
         summary[mode] = {str(p.epoch): p.accuracy for p in results[mode] if not p.is_learning}
-    ref = reference_mode(results)
-    versus: dict[str, Any] = {}
-    if ref is not None:
-        for p in passes_in_order(results):
-            if p.mode != ref and not p.is_learning:
-                key = p.mode if p.epoch is None else f"{p.mode}/{p.epoch}"
-                versus[key] = msgspec.to_builtins(paired(p, results[ref]))
+    ref, pairs = versus(results)
     passes = {m: msgspec.to_builtins(v) for m, v in results.items()}
-    return {**run, "accuracy": summary, "vs": {"reference": ref, "passes": versus}, "passes": passes}
+    return {**run, "accuracy": summary, "vs": {"reference": ref, "passes": msgspec.to_builtins(pairs)},
+            "passes": passes}
 
 
 def write_json(document: dict[str, Any], out: Path) -> None:
