@@ -90,10 +90,9 @@ def run(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> lis
                     for name in names:
                         samples[name].append(time_us(lambda: fns[name](x, w, i), min_s))
                 us = {name: statistics.median(v) for name, v in samples.items()}
-                elements = count * w.shape[2] * w.shape[3]
-                rows.append({"model": model, "kind": kind, "tokens": count, "gathered_elements": elements,
-                             "chosen_path": "gather" if 1 < count and elements <= cpu_lora.GATHER_MAX_ELEMENTS
-                             else "grouped",
+                rows.append({"model": model, "kind": kind, "tokens": count,
+                             "gathered_elements": count * w.shape[2] * w.shape[3],
+                             "chosen_path": "gather" if cpu_lora.gathers(count, w.shape[2], w.shape[3]) else "grouped",
                              "us": us, "gather_over_grouped": us["gather"] / us["grouped"],
                              "vllm_over_chosen": us["vllm"] / us["chosen"]})
                 print(f"{model:13s} {kind:6s} {count:4d} tokens  gather {us['gather']:8.1f}  grouped "
@@ -125,7 +124,8 @@ def main() -> None:
 @pytest.mark.parametrize("tokens", [4, 64])
 def test_smollm2_expand(benchmark: object, path: str, tokens: int) -> None:
     x, w, i = case(*MODELS["smollm2-135m"], tokens, "expand", torch.bfloat16)
-    benchmark(lambda: variants("expand", torch.bfloat16)[path](x, w, i))
+    fn = variants("expand", torch.bfloat16)[path]
+    benchmark(lambda: fn(x, w, i))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ models served here, which is ~150 tokens on the tiny model (hidden 128, rank 8) 
 the grouped way: it has one adapter, so that is one plain matmul."""
 
 
+def gathers(tokens: int, out: int, inputs: int) -> bool:
+    """Whether a step of ``tokens`` on (out × in) adapter matrices takes the per-token gather."""
+    return 1 < tokens and tokens * out * inputs <= GATHER_MAX_ELEMENTS
+
+
 def _gathered_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """vLLM's gather, then the no-adapter (-1) rows zeroed."""
     out = torch.einsum("bi,boi->bo", inputs, weights[indices].to(inputs.dtype))
@@ -65,8 +70,7 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     if weights.dim() == 4:  # (slots, 1, out, in)
         weights = weights.squeeze(1)
     inputs = inputs.to(dtype)
-    tokens = inputs.shape[0]
-    if 1 < tokens and tokens * weights.shape[1] * weights.shape[2] <= GATHER_MAX_ELEMENTS:
+    if gathers(inputs.shape[0], weights.shape[1], weights.shape[2]):
         return _gathered_delta(inputs, weights, indices)
     return _grouped_delta(inputs, weights, indices)
 
