@@ -212,6 +212,13 @@ class EngineConfig(Frozen):
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
+    cpu_onednn_cache_capacity: int = 128
+    """oneDNN primitives each engine process keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) on CPU. oneDNN's
+    default, 1024, let a bf16 model's worker grow by ~1.3 GB over 40 minutes of serving: one primitive
+    per (layer shape, tokens in the step), 0.5-2 MB each, and the step size changes every step. vLLM's
+    linear layers keep their own 32 latest shapes anyway. 128 ran as fast as 1024; 0 was 1.2x slower
+    (the model's other oneDNN ops, likely torch's bf16 matmuls, then rebuild theirs on every call).
+    Measured in bench/RESULTS.md section 8. No effect on GPU."""
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
     or vLLM's own per-token gather. No effect on GPU."""
@@ -431,6 +438,8 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
     if engine.compact_json and engine.structured_outputs_backend not in ("xgrammar", "guidance"):
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
+    if engine.cpu_onednn_cache_capacity < 0:
+        raise ConfigError(f"{prefix}.cpu_onednn_cache_capacity: must be >= 0 (0 = no cache)")
     replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if engine.executor_backend == "uni" and replica > 1:
         raise ConfigError(f"{prefix}.executor_backend: 'uni' runs one GPU per replica; tensor x pipeline "

@@ -15,7 +15,8 @@ Three rules, each owned here:
 3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
    ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
    never a process-wide ``CUDA_VISIBLE_DEVICES``. The few variables vLLM still only reads from the
-   environment of the spawned child (CPU KV-cache size, in-process ``uni``) are set
+   environment of the spawned child (CPU KV-cache size, in-process ``uni``, and oneDNN's primitive
+   cache, which oneDNN reads nowhere else) are set
    by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
    when they need the same environment and disjoint GPUs (``start_groups``).
 """
@@ -59,7 +60,8 @@ def cuda_components(config: MIAConfig) -> list[str]:
 
 def spawn_env(config: EngineConfig) -> dict[str, str]:
     """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
-    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib)))}
+    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib))),
+              "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(config.cpu_onednn_cache_capacity)}
     if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
         wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return wanted

@@ -43,6 +43,11 @@ def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytes
     assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().device_ids is None
 
 
+def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
+    env = spawn_env(EngineConfig(model="m", cpu_kv_cache_space_gib=3.0, cpu_onednn_cache_capacity=64))
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+
+
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
     gpu = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml")).engines
     assert start_groups(gpu) == [list(gpu)]  # distinct GPUs, same environment

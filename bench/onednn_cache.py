@@ -1,0 +1,86 @@
+"""Why a bf16 model's vLLM worker grows on CPU: oneDNN's primitive cache, per capacity.
+
+    python bench/onednn_cache.py --out bench/results/onednn_cache.json
+
+vLLM's CPU linear layers run ``onednn_mm`` (``vllm/model_executor/layers/utils.py``), which builds one
+oneDNN primitive per number of tokens in the step and keeps the latest 32 per layer; oneDNN keeps every
+primitive again in its own process-wide cache of ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` entries (default
+1024), read once per process. For each capacity, a fresh child process builds SmolLM2-135M's four
+linear shapes (three layers each, bf16) and runs them over the same random sequence of step sizes
+(half decode-sized, half up to 1024 tokens, as a serving engine's steps), reporting the RSS before,
+halfway and at the end, and the seconds of each half. The engine's setting is
+``engines.<name>.cpu_onednn_cache_capacity`` (``mia_engine/engines/startup.py: spawn_env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPES = [(576, 1728), (576, 576), (576, 3072), (1536, 576)]
+"""SmolLM2-135M's (in, out) linear shapes: qkv, o, gate_up, down."""
+ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def child(steps: int, layers_per_shape: int, seed: int) -> dict[str, float]:
+    """Runs in a fresh process: oneDNN reads its cache capacity once, at its first primitive."""
+    import psutil
+    import torch
+    import vllm._custom_ops as ops
+
+    process = psutil.Process()
+
+    def rss_mb() -> float:
+        return process.memory_info().rss / 2**20
+
+    handlers = [ops.create_onednn_mm(torch.randn(out, k, dtype=torch.bfloat16).t(), 32)
+                for k, out in SHAPES for _ in range(layers_per_shape)]
+    rng = random.Random(seed)
+    sizes = [rng.choice((rng.randint(1, 48), rng.randint(1, 1024))) for _ in range(steps)]
+    marks = [(time.perf_counter(), rss_mb())]
+    for i, tokens in enumerate(sizes):
+        if i == steps // 2:
+            marks.append((time.perf_counter(), rss_mb()))
+        for handler in handlers:
+            ops.onednn_mm(handler, torch.empty(tokens, handler.k, dtype=torch.bfloat16), None)
+    marks.append((time.perf_counter(), rss_mb()))
+    return {"distinct_step_sizes": len(set(sizes)), "rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1],
+            "rss_mb_end": marks[2][1], "seconds_first_half": marks[1][0] - marks[0][0],
+            "seconds_second_half": marks[2][0] - marks[1][0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--capacities", type=int, nargs="+", default=[1024, 128, 0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--layers-per-shape", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.steps, args.layers_per_shape, args.seed)))
+        return
+    results = []
+    for capacity in args.capacities:
+        cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps),
+               "--layers-per-shape", str(args.layers_per_shape), "--seed", str(args.seed)]
+        done = subprocess.run(cmd, env={**os.environ, ENV: str(capacity)}, capture_output=True, text=True,
+                              check=True)
+        row = {"capacity": capacity, **json.loads(done.stdout.strip().splitlines()[-1])}
+        results.append(row)
+        print(f"capacity {capacity:5d}: RSS {row['rss_mb_start']:.0f} -> {row['rss_mb_half']:.0f} -> "
+              f"{row['rss_mb_end']:.0f} MB, {row['seconds_first_half']:.1f} + {row['seconds_second_half']:.1f} s")
+    if args.out:
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                       indent=1))
+
+
+if __name__ == "__main__":
+    main()
