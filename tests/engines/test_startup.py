@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -46,6 +47,19 @@ def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytes
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
     env = spawn_env(EngineConfig(model="m", cpu_kv_cache_space_gib=3.0, cpu_onednn_cache_capacity=64))
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+
+
+def test_the_served_engine_processes_inherit_it(tiny_server) -> None:
+    """The real server's engine core and worker (spawned, so only their start environment counts)."""
+    wanted = spawn_env(load_config("tiny").engines["tiny"])
+    engine_processes = [p for p in psutil.Process(tiny_server.process.pid).children(recursive=True)
+                        if "VLLM" in p.name() or "VLLM" in " ".join(p.cmdline())]
+    assert engine_processes
+    for process in engine_processes:
+        # /proc as is: psutil's environ() stops at the blank entries vLLM's process title leaves in front
+        entries = Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+        assert {key: environ.get(key) for key in wanted} == wanted, process.name()
 
 
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
