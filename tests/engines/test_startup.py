@@ -56,7 +56,7 @@ def test_the_served_engine_processes_inherit_it(tiny_server) -> None:
                         if "VLLM" in p.name() or "VLLM" in " ".join(p.cmdline())]
     assert engine_processes
     for process in engine_processes:
-        # /proc as is: psutil's environ() stops at the blank entries vLLM's process title leaves in front
+        # /proc as is: psutil's environ() came back empty for these renamed (``VLLM::...``) processes
         entries = Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace").split("\0")
         environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
         assert {key: environ.get(key) for key in wanted} == wanted, process.name()
