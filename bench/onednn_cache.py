@@ -23,9 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from mia_engine.engines.startup import ONEDNN_CACHE_ENV  # noqa: E402
+
 SHAPES = [(576, 1728), (576, 576), (576, 3072), (1536, 576)]
 """SmolLM2-135M's (in, out) linear shapes: qkv, o, gate_up, down."""
-ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 
 
 def child(steps: int, layers_per_shape: int, seed: int) -> dict[str, float]:
@@ -71,8 +74,8 @@ def main() -> None:
     for capacity in args.capacities:
         cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps),
                "--layers-per-shape", str(args.layers_per_shape), "--seed", str(args.seed)]
-        done = subprocess.run(cmd, env={**os.environ, ENV: str(capacity)}, capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run(cmd, env={**os.environ, ONEDNN_CACHE_ENV: str(capacity)}, capture_output=True,
+                              text=True, check=True)
         row = {"capacity": capacity, **json.loads(done.stdout.strip().splitlines()[-1])}
         results.append(row)
         print(f"capacity {capacity:5d}: RSS {row['rss_mb_start']:.0f} -> {row['rss_mb_half']:.0f} -> "

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+"""oneDNN's process-wide primitive cache size, read once per process (``EngineConfig.cpu_onednn_cache_capacity``)."""
 
 
 def use_spawn(environ: dict[str, str] | None = None) -> None:
@@ -61,7 +63,7 @@ def cuda_components(config: MIAConfig) -> list[str]:
 def spawn_env(config: EngineConfig) -> dict[str, str]:
     """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib))),
-              "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(config.cpu_onednn_cache_capacity)}
+              ONEDNN_CACHE_ENV: str(config.cpu_onednn_cache_capacity)}
     if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
         wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return wanted

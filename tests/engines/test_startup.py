@@ -49,7 +49,7 @@ def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_pro
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
 
 
-def test_the_served_engine_processes_inherit_it(tiny_server) -> None:
+def test_the_served_engine_processes_start_with_the_spawn_env(tiny_server) -> None:
     """The real server's engine core and worker (spawned, so only their start environment counts)."""
     wanted = spawn_env(load_config("tiny").engines["tiny"])
     engine_processes = [p for p in psutil.Process(tiny_server.process.pid).children(recursive=True)
