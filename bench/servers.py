@@ -15,6 +15,7 @@ import httpx
 
 from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu_lora import CONFIG_KEY as CPU_LORA_KEY
+from mia_engine.engines.startup import cpu_platform_options
 
 
 def free_port() -> int:
@@ -88,7 +89,11 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str,
 def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -> list[str]:
     """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled).
     ``same_cpu_lora_ops``: also our CPU LoRA ops (``engines.*.cpu_lora_ops``, through the platform plugin
-    this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get."""
+    this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get. The
+    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc."""
+    platform_options = cpu_platform_options(engine)
+    if not same_cpu_lora_ops:
+        del platform_options[CPU_LORA_KEY]
     return ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
             "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
             "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
@@ -99,4 +104,4 @@ def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -
             *(["--distributed-executor-backend", engine.executor_backend] if engine.executor_backend != "auto" else []),
             *(["--max-num-batched-tokens", str(engine.max_num_batched_tokens)] if engine.max_num_batched_tokens else []),
             "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
-            *(["--additional-config", json.dumps({CPU_LORA_KEY: engine.cpu_lora_ops})] if same_cpu_lora_ops else [])]
+            "--additional-config", json.dumps(platform_options)]

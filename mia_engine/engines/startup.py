@@ -18,17 +18,22 @@ Three rules, each owned here:
    environment of the spawned child (CPU KV-cache size, in-process ``uni``, and oneDNN's primitive
    cache, which oneDNN reads nowhere else) are set
    by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
-   when they need the same environment and disjoint GPUs (``start_groups``).
+   when they need the same environment and disjoint GPUs (``start_groups``). ``LD_PRELOAD`` is the
+   exception: vLLM's CPU platform edits it itself while it builds the engine's config, so the allocator
+   (``preload_tcmalloc``) is added there, by ``engines/cpu_platform.py``.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
+
+from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
 
 if TYPE_CHECKING:
     from ..config import EngineConfig, MIAConfig
@@ -38,6 +43,12 @@ log = logging.getLogger(__name__)
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 """oneDNN's process-wide primitive cache size, read once per process (``EngineConfig.cpu_onednn_cache_capacity``)."""
+
+
+MALLOC_KEY = "mia_cpu_malloc"
+"""Key of ``EngineConfig.cpu_malloc`` in vLLM's ``additional_config``, read by ``engines/cpu_platform.py``."""
+TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
+"""TCMalloc's library names, as ``ctypes.util.find_library`` looks them up (Debian: libtcmalloc-minimal4)."""
 
 
 def use_spawn(environ: dict[str, str] | None = None) -> None:
@@ -67,6 +78,30 @@ def spawn_env(config: EngineConfig) -> dict[str, str]:
     if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
         wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return wanted
+
+
+def cpu_platform_options(config: EngineConfig) -> dict[str, str]:
+    """The engine's ``additional_config``: the choices ``engines/cpu_platform.py`` reads (CPU only)."""
+    return {CPU_LORA_KEY: config.cpu_lora_ops, MALLOC_KEY: config.cpu_malloc}
+
+
+def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:
+    """Put the system's TCMalloc first in ``environ["LD_PRELOAD"]`` unless one is there already.
+
+    Returns what is preloaded (a soname: the dynamic loader finds it on its own path), or None where the
+    system has no TCMalloc; glibc's malloc then stays, with a warning that says what to install."""
+    preload = environ.get("LD_PRELOAD", "")
+    present = [part for part in preload.split(":") if "libtcmalloc" in part]
+    if present:
+        return present[0]
+    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    if library is None:
+        log.warning("cpu_malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
+                    "malloc (install libtcmalloc-minimal4, as vLLM's CPU guide asks, or set 'glibc')")
+        return None
+    environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+    log.info("engine processes preload %s (cpu_malloc = 'tcmalloc')", library)
+    return library
 
 
 @contextmanager

@@ -24,8 +24,7 @@ from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 
 from ..config import EngineConfig
-from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
-from .startup import replica_for
+from .startup import cpu_platform_options, replica_for
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +53,8 @@ class VLLMEngine:
         self.supports_images = has_vision_tower(model_dir) and not config.language_model_only
         """Requests may carry images: the model has a vision tower and the engine serves it."""
         self.tokenizer: Any = None
+        self.dtype = config.dtype
+        """The dtype the engine runs in, as vLLM resolved it at start (``auto`` depends on the hardware)."""
         self._llm: Any = None
 
     @property
@@ -66,7 +67,7 @@ class VLLMEngine:
         loop = asyncio.get_running_loop()
         self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer)
         self._llm = await loop.run_in_executor(None, self._build, config_lock or threading.Lock())
-        log.info("engine %s is up (%s)", self.name, self.model_dir)
+        log.info("engine %s is up (%s, %s)", self.name, self.model_dir, self.dtype)
 
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -96,7 +97,7 @@ class VLLMEngine:
             max_loras=c.max_loras,
             max_cpu_loras=c.max_cpu_loras,
             seed=c.seed,
-            additional_config={CPU_LORA_KEY: c.cpu_lora_ops},  # read by engines/cpu_platform.py (CPU only)
+            additional_config=cpu_platform_options(c),
             disable_log_stats=True,
             distributed_executor_backend=executor_backend(c),
             structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,
@@ -110,6 +111,7 @@ class VLLMEngine:
         args = self._engine_args()
         with config_lock:
             vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        self.dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
         return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats)
 
     def replica(self, affinity_key: str | None) -> int | None:

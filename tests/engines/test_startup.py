@@ -3,6 +3,7 @@ engines may start together, and that nothing reaches CUDA in this process before
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import torch
 
 from mia_engine.config import EngineConfig, load_config
 from mia_engine.engines.roles import RoleServer
-from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env,
-                                        start_groups, use_spawn)
+from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, TCMALLOC_NAMES, cuda_components, replica_for,
+                                        spawn_env, start_groups, use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.services import Services
 
@@ -52,14 +53,28 @@ def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_pro
 def test_the_served_engine_processes_start_with_the_spawn_env(tiny_server) -> None:
     """The real server's engine core and worker (spawned, so only their start environment counts)."""
     wanted = spawn_env(load_config("tiny").engines["tiny"])
-    engine_processes = [p for p in psutil.Process(tiny_server.process.pid).children(recursive=True)
-                        if "VLLM" in p.name() or "VLLM" in " ".join(p.cmdline())]
+    engine_processes = _engine_processes(tiny_server)
     assert engine_processes
     for process in engine_processes:
         # /proc as is: psutil's environ() came back empty for these renamed (``VLLM::...``) processes
         entries = Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace").split("\0")
         environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
         assert {key: environ.get(key) for key in wanted} == wanted, process.name()
+
+
+@pytest.mark.skipif(not any(map(ctypes.util.find_library, TCMALLOC_NAMES)),
+                    reason="no TCMalloc on this system (scripts/install.sh installs it where it may)")
+def test_the_served_engine_processes_run_on_tcmalloc(tiny_server) -> None:
+    """``cpu_malloc = "tcmalloc"`` (the default) as the engine processes have it mapped, not as configured."""
+    engine_processes = _engine_processes(tiny_server)
+    assert engine_processes
+    for process in engine_processes:
+        assert "libtcmalloc" in Path(f"/proc/{process.pid}/maps").read_text(), process.name()
+
+
+def _engine_processes(server) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server.process.pid).children(recursive=True)
+            if "VLLM" in p.name() or "VLLM" in " ".join(p.cmdline())]
 
 
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mia_engine.memory.config import EmbedderConfig
-from mia_engine.memory.embedder import Embedder, cpu_flags, default_model_dir, dtype_candidates
+from mia_engine.cpu_features import cpu_flags
+from mia_engine.memory.embedder import Embedder, default_model_dir, dtype_candidates
 
 
 def test_default_model_is_the_wheel_folder(embedder: Embedder) -> None:
