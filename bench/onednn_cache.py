@@ -10,6 +10,12 @@ linear shapes (three layers each, bf16) and runs them over the same random seque
 (half decode-sized, half up to 1024 tokens, as a serving engine's steps), reporting the RSS before,
 halfway and at the end, and the seconds of each half. The engine's setting is
 ``engines.<name>.cpu_onednn_cache_capacity`` (``mia_engine/engines/startup.py: spawn_env``).
+
+``--op encoder`` runs the sentence encoder itself (bf16, batches of 1-64 dev-set questions and README
+lines), ``--op linear`` torch's own bf16 ``F.linear``, on all-MiniLM-L6-v2's shapes (the sentence
+encoder's, in the serving process), over 1..``--max-rows`` rows. torch keeps each primitive in ideep's LRU
+cache (``LRU_CACHE_CAPACITY``, 1024) as well as in oneDNN's; ``--bound onednn`` sets only oneDNN's, as the
+engines did before, ``--bound both`` both (``mia_engine/onednn_cache.py``, the setting now).
 """
 
 from __future__ import annotations
@@ -25,10 +31,61 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from mia_engine.engines.startup import ONEDNN_CACHE_ENV  # noqa: E402
+from mia_engine.onednn_cache import ONEDNN_CACHE_ENV, onednn_cache_env  # noqa: E402
 
 SHAPES = [(576, 1728), (576, 576), (576, 3072), (1536, 576)]
 """SmolLM2-135M's (in, out) linear shapes: qkv, o, gate_up, down."""
+DEVSET = Path(__file__).resolve().parent / "devset_wiki.jsonl"
+ENCODER_SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)]
+"""all-MiniLM-L6-v2's (in, out) linear shapes: q, k and v together, o, intermediate, output."""
+
+
+def child_encoder(steps: int, seed: int) -> dict[str, float]:
+    """The sentence encoder itself in bf16: ``steps`` encodes of 1-64 random dev-set questions and README
+    lines each, as memory searches and the index build send them (batch size and length vary, so the
+    row count of every matmul does)."""
+    import psutil
+
+    from mia_engine.memory.config import EmbedderConfig
+    from mia_engine.memory.embedder import Embedder
+
+    process = psutil.Process()
+    texts = [json.loads(line)["question"] for line in DEVSET.read_text().splitlines() if line.strip()]
+    texts += [line for line in (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+              if len(line) > 40]
+    encoder = Embedder(EmbedderConfig(dtype="bfloat16"))
+    rng = random.Random(seed)
+    batches = [rng.sample(texts, rng.randint(1, 64)) for _ in range(steps)]
+    marks = [(time.perf_counter(), process.memory_info().rss / 2**20)]
+    for i, batch in enumerate(batches):
+        if i == steps // 2:
+            marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
+        encoder.encode(batch)
+    marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
+    encoder.close()
+    return {"rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1], "rss_mb_end": marks[2][1],
+            "seconds_first_half": marks[1][0] - marks[0][0], "seconds_second_half": marks[2][0] - marks[1][0]}
+
+
+def child_linear(steps: int, layers_per_shape: int, seed: int, max_rows: int) -> dict[str, float]:
+    """torch's bf16 ``F.linear`` (not vLLM's op) over random row counts, in a fresh process."""
+    import psutil
+    import torch
+
+    process = psutil.Process()
+    weights = [torch.randn(out, k, dtype=torch.bfloat16) for k, out in ENCODER_SHAPES for _ in range(layers_per_shape)]
+    rng = random.Random(seed)
+    sizes = [rng.randint(1, max_rows) for _ in range(steps)]
+    marks = [(time.perf_counter(), process.memory_info().rss / 2**20)]
+    for i, rows in enumerate(sizes):
+        if i == steps // 2:
+            marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
+        for weight in weights:
+            torch.nn.functional.linear(torch.randn(rows, weight.shape[1], dtype=torch.bfloat16), weight)
+    marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
+    return {"distinct_step_sizes": len(set(sizes)), "rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1],
+            "rss_mb_end": marks[2][1], "seconds_first_half": marks[1][0] - marks[0][0],
+            "seconds_second_half": marks[2][0] - marks[1][0]}
 
 
 def child(steps: int, layers_per_shape: int, seed: int) -> dict[str, float]:
@@ -65,17 +122,30 @@ def main() -> None:
     parser.add_argument("--layers-per-shape", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--op", choices=("onednn_mm", "linear", "encoder"), default="onednn_mm")
+    parser.add_argument("--bound", choices=("onednn", "both"), default="onednn",
+                        help="the caches each capacity applies to: oneDNN's only, or ideep's too")
+    parser.add_argument("--max-rows", type=int, default=2048, help="largest row count of --op linear")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in the child (0: torch's default)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.steps, args.layers_per_shape, args.seed)))
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        ops = {"onednn_mm": lambda: child(args.steps, args.layers_per_shape, args.seed),
+               "linear": lambda: child_linear(args.steps, args.layers_per_shape, args.seed, args.max_rows),
+               "encoder": lambda: child_encoder(args.steps, args.seed)}
+        print(json.dumps(ops[args.op]()))
         return
     results = []
     for capacity in args.capacities:
-        cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps),
+        cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--op", args.op,
+               "--max-rows", str(args.max_rows), "--threads", str(args.threads),
                "--layers-per-shape", str(args.layers_per_shape), "--seed", str(args.seed)]
-        done = subprocess.run(cmd, env={**os.environ, ONEDNN_CACHE_ENV: str(capacity)}, capture_output=True,
-                              text=True, check=True)
+        bound = onednn_cache_env(capacity) if args.bound == "both" else {ONEDNN_CACHE_ENV: str(capacity)}
+        done = subprocess.run(cmd, env={**os.environ, **bound}, capture_output=True, text=True, check=True)
         row = {"capacity": capacity, **json.loads(done.stdout.strip().splitlines()[-1])}
         results.append(row)
         print(f"capacity {capacity:5d}: RSS {row['rss_mb_start']:.0f} -> {row['rss_mb_half']:.0f} -> "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
+from .onednn_cache import bound_this_process
 
 PROG = "python -m mia_engine"
 API_KEY_ENV = "MIA_API_KEY"
@@ -92,12 +93,14 @@ def _common(cmd: argparse.ArgumentParser) -> None:
 
 
 def dotted_overrides(rest: list[str]) -> dict[str, Any]:
-    """``--a.b=1`` / ``--a.b 1`` pairs from the arguments argparse did not know."""
+    """``--a.b=1`` / ``--a.b 1`` pairs from the arguments argparse did not know; a root field of the
+    config (``--cpu_onednn_cache_capacity=64``) needs no dot."""
     overrides: dict[str, Any] = {}
     i = 0
     while i < len(rest):
         flag = rest[i]
-        if not flag.startswith("--") or "." not in flag.split("=", 1)[0]:
+        name = flag.split("=", 1)[0][2:]
+        if not flag.startswith("--") or ("." not in name and name.replace("-", "_") not in MIAConfig.__struct_fields__):
             raise ConfigError(f"unrecognized argument: {flag}")
         key, eq, value = flag[2:].partition("=")
         if not eq:
@@ -106,7 +109,8 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
             i += 1
             value = rest[i]
         table, _, field = key.rpartition(".")  # table names (engines.qwen3-8b) may hold dashes; fields do not
-        overrides[f"{table}.{field.replace('-', '_')}"] = parse_override_value(value)
+        field = field.replace("-", "_")
+        overrides[f"{table}.{field}" if table else field] = parse_override_value(value)
         i += 1
     return overrides
 
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "dry_run", False):
         return _dry_run(config)
+    bound_this_process(config.cpu_onednn_cache_capacity)  # before the encoder's or learner's first matmul
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":

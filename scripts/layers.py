@@ -4,8 +4,8 @@
 
 Layers, bottom to top (a module may import its own layer and the layers below it)::
 
-    config   mia_engine/config.py, every */config.py, coalesce.py, cpu_features.py, data.py, files.py, readiness.py,
-             structs.py
+    config   mia_engine/config.py, every */config.py, coalesce.py, cpu_features.py, data.py, files.py,
+             onednn_cache.py, readiness.py, structs.py
     models   mia_engine/models/
     engines  mia_engine/engines/
     memory, tools   one layer; memory and tools may import each other's config only
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS = ("config", "models", "engines", "memory/tools", "agent", "learner", "server", "top")
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
-CONFIG_MODULES = {"", "coalesce", "config", "cpu_features", "data", "files", "readiness", "structs"}
+CONFIG_MODULES = {"", "coalesce", "config", "cpu_features", "data", "files", "onednn_cache", "readiness", "structs"}
 """Top-level modules of the config layer ("" = the package's ``__init__``)."""
 TOP_MODULES = {"serve", "services", "batch", "evaluate", "eval_report", "cli", "index", "doctor", "deploy",
                "__main__"}

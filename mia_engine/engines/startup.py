@@ -15,8 +15,8 @@ Three rules, each owned here:
 3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
    ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
    never a process-wide ``CUDA_VISIBLE_DEVICES``. The few variables vLLM still only reads from the
-   environment of the spawned child (CPU KV-cache size, in-process ``uni``, and oneDNN's primitive
-   cache, which oneDNN reads nowhere else) are set
+   environment of the spawned child (CPU KV-cache size, in-process ``uni``, and the caches of oneDNN
+   primitives, ``onednn_cache.py``) are set
    by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
    when they need the same environment and disjoint GPUs (``start_groups``). ``LD_PRELOAD`` is the
    exception: vLLM's CPU platform edits it itself while it builds the engine's config, so the allocator
@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from ..onednn_cache import onednn_cache_env
 from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
-ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-"""oneDNN's process-wide primitive cache size, read once per process (``EngineConfig.cpu_onednn_cache_capacity``)."""
 
 
 MALLOC_KEY = "mia_cpu_malloc"
@@ -74,7 +73,7 @@ def cuda_components(config: MIAConfig) -> list[str]:
 def spawn_env(config: EngineConfig) -> dict[str, str]:
     """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
     wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib))),
-              ONEDNN_CACHE_ENV: str(config.cpu_onednn_cache_capacity)}
+              **onednn_cache_env(config.cpu_onednn_cache_capacity)}
     if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
         wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return wanted
