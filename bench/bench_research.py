@@ -48,6 +48,7 @@ from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E40
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import model_dir  # noqa: E402
+from mia_engine.onednn_cache import bound_this_process, onednn_cache_env  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
@@ -141,7 +142,8 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
     server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops),
-                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+                              **onednn_cache_env(engine.cpu_onednn_cache_capacity)})  # as ours, see servers.py
     await asyncio.to_thread(server.wait_ready)
     roles = ServedRoles(config, server.base_url, "tiny", base, default_home())
     await roles.start()
@@ -164,6 +166,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     engine_overrides = dotted_overrides(args.engine_set)  # every system: the same engine settings
     settings = {"learner.batch_size": 4, **engine_overrides}
     config = load_config("tiny", {"data_dir": str(tmp / "ours"), **settings})
+    bound_this_process(config.cpu_onednn_cache_capacity)  # as `serve` does; the peer's agent runs here too
     ours = Services(config)
     await ours.start()
     systems: list[tuple[str, ResearchAgent, bool]] = [("ours", ours.agent.agent, True)]
