@@ -27,6 +27,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
@@ -40,79 +41,74 @@ ENCODER_SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)]
 """all-MiniLM-L6-v2's (in, out) linear shapes: q, k and v together, o, intermediate, output."""
 
 
+def measured(steps: int, step: Callable[[int], object]) -> dict[str, float]:
+    """RSS before, halfway through and after ``step(0) .. step(steps - 1)``, and the seconds of each half."""
+    import psutil
+
+    process = psutil.Process()
+
+    def mark() -> tuple[float, float]:
+        return time.perf_counter(), process.memory_info().rss / 2**20
+
+    marks = [mark()]
+    for i in range(steps):
+        if i == steps // 2:
+            marks.append(mark())
+        step(i)
+    marks.append(mark())
+    return {"rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1], "rss_mb_end": marks[2][1],
+            "seconds_first_half": marks[1][0] - marks[0][0], "seconds_second_half": marks[2][0] - marks[1][0]}
+
+
 def child_encoder(steps: int, seed: int) -> dict[str, float]:
     """The sentence encoder itself in bf16: ``steps`` encodes of 1-64 random dev-set questions and README
     lines each, as memory searches and the index build send them (batch size and length vary, so the
     row count of every matmul does)."""
-    import psutil
-
     from mia_engine.memory.config import EmbedderConfig
     from mia_engine.memory.embedder import Embedder
 
-    process = psutil.Process()
     texts = [json.loads(line)["question"] for line in DEVSET.read_text().splitlines() if line.strip()]
     texts += [line for line in (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
               if len(line) > 40]
     encoder = Embedder(EmbedderConfig(dtype="bfloat16"))
     rng = random.Random(seed)
     batches = [rng.sample(texts, rng.randint(1, 64)) for _ in range(steps)]
-    marks = [(time.perf_counter(), process.memory_info().rss / 2**20)]
-    for i, batch in enumerate(batches):
-        if i == steps // 2:
-            marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
-        encoder.encode(batch)
-    marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
-    encoder.close()
-    return {"rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1], "rss_mb_end": marks[2][1],
-            "seconds_first_half": marks[1][0] - marks[0][0], "seconds_second_half": marks[2][0] - marks[1][0]}
+    try:
+        return measured(steps, lambda i: encoder.encode(batches[i]))
+    finally:
+        encoder.close()
 
 
 def child_linear(steps: int, layers_per_shape: int, seed: int, max_rows: int) -> dict[str, float]:
     """torch's bf16 ``F.linear`` (not vLLM's op) over random row counts, in a fresh process."""
-    import psutil
     import torch
 
-    process = psutil.Process()
     weights = [torch.randn(out, k, dtype=torch.bfloat16) for k, out in ENCODER_SHAPES for _ in range(layers_per_shape)]
     rng = random.Random(seed)
     sizes = [rng.randint(1, max_rows) for _ in range(steps)]
-    marks = [(time.perf_counter(), process.memory_info().rss / 2**20)]
-    for i, rows in enumerate(sizes):
-        if i == steps // 2:
-            marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
+
+    def step(i: int) -> None:
         for weight in weights:
-            torch.nn.functional.linear(torch.randn(rows, weight.shape[1], dtype=torch.bfloat16), weight)
-    marks.append((time.perf_counter(), process.memory_info().rss / 2**20))
-    return {"distinct_step_sizes": len(set(sizes)), "rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1],
-            "rss_mb_end": marks[2][1], "seconds_first_half": marks[1][0] - marks[0][0],
-            "seconds_second_half": marks[2][0] - marks[1][0]}
+            torch.nn.functional.linear(torch.randn(sizes[i], weight.shape[1], dtype=torch.bfloat16), weight)
+
+    return {"distinct_step_sizes": len(set(sizes)), **measured(steps, step)}
 
 
 def child(steps: int, layers_per_shape: int, seed: int) -> dict[str, float]:
     """Runs in a fresh process: oneDNN reads its cache capacity once, at its first primitive."""
-    import psutil
     import torch
     import vllm._custom_ops as ops
-
-    process = psutil.Process()
-
-    def rss_mb() -> float:
-        return process.memory_info().rss / 2**20
 
     handlers = [ops.create_onednn_mm(torch.randn(out, k, dtype=torch.bfloat16).t(), 32)
                 for k, out in SHAPES for _ in range(layers_per_shape)]
     rng = random.Random(seed)
     sizes = [rng.choice((rng.randint(1, 48), rng.randint(1, 1024))) for _ in range(steps)]
-    marks = [(time.perf_counter(), rss_mb())]
-    for i, tokens in enumerate(sizes):
-        if i == steps // 2:
-            marks.append((time.perf_counter(), rss_mb()))
+
+    def step(i: int) -> None:
         for handler in handlers:
-            ops.onednn_mm(handler, torch.empty(tokens, handler.k, dtype=torch.bfloat16), None)
-    marks.append((time.perf_counter(), rss_mb()))
-    return {"distinct_step_sizes": len(set(sizes)), "rss_mb_start": marks[0][1], "rss_mb_half": marks[1][1],
-            "rss_mb_end": marks[2][1], "seconds_first_half": marks[1][0] - marks[0][0],
-            "seconds_second_half": marks[2][0] - marks[1][0]}
+            ops.onednn_mm(handler, torch.empty(sizes[i], handler.k, dtype=torch.bfloat16), None)
+
+    return {"distinct_step_sizes": len(set(sizes)), **measured(steps, step)}
 
 
 def main() -> None:

@@ -99,10 +99,9 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     i = 0
     while i < len(rest):
         flag = rest[i]
-        name = flag.split("=", 1)[0][2:]
-        if not flag.startswith("--") or ("." not in name and name.replace("-", "_") not in MIAConfig.__struct_fields__):
-            raise ConfigError(f"unrecognized argument: {flag}")
         key, eq, value = flag[2:].partition("=")
+        if not flag.startswith("--") or ("." not in key and key.replace("-", "_") not in MIAConfig.__struct_fields__):
+            raise ConfigError(f"unrecognized argument: {flag}")
         if not eq:
             if i + 1 >= len(rest):
                 raise ConfigError(f"{flag}: expected a value")

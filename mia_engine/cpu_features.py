@@ -1,4 +1,4 @@
-"""What this machine's CPU computes natively, read once from ``/proc/cpuinfo``.
+"""What this machine's CPU computes natively, read from ``/proc/cpuinfo`` when a component chooses its dtype.
 
 Two components choose their dtype from it: the sentence encoder (``memory/embedder.py``) and the vLLM
 engines (``engines/cpu_platform.py``). Without these flags oneDNN emulates bfloat16 with float32
