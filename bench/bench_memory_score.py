@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
+from kernels.memory_score_triton import DEFAULT_LAUNCH, LaunchShape  # noqa: E402
 from mia_engine.doctor import cuda_seconds  # noqa: E402
 from mia_engine.memory.config import ScoreWeights  # noqa: E402
 
@@ -371,34 +372,129 @@ def bench_postprocess(sizes: Sequence[int], batch: int, k: int, stat: str) -> st
     return "\n".join(lines)
 
 
-def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[int] = (1, 16)) -> str | None:
-    """Triton kernel at 1M×384 fp16 vs the floor: bytes it must read ÷ measured copy bandwidth."""
-    if not torch.cuda.is_available():
+GPU_SWEEP = [DEFAULT_LAUNCH] + [shape for shape in (
+    [LaunchShape(block_n, warps, stages) for block_n in (64, 128, 256) for warps in (4, 8) for stages in (2, 3, 4)]
+    + [LaunchShape(512, 8, stages) for stages in (2, 3)]) if shape != DEFAULT_LAUNCH]
+"""Pass-1 launches the sweep times; the kernel's default first."""
+
+
+def device_seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """Median seconds of fn: CUDA events on a GPU, the wall clock elsewhere (the interpreted smoke run)."""
+    if device.type == "cuda":
+        return cuda_seconds(fn)
+    return time_call(fn, min_total_s=0.0, max_repeats=3)
+
+
+def _on(bucket: Bucket, device: torch.device, batch: int) -> dict:
+    """The bucket's tensors on ``device``, keys in fp16, the first ``batch`` queries."""
+    moved = {name: (t.to(device).half() if t.is_floating_point() and t.dim() == 2 else t.to(device))
+             if isinstance(t, torch.Tensor) else t for name, t in bucket.kwargs().items()}
+    for name in ("query_q", "query_c", "has_caption"):
+        if moved[name] is not None:
+            moved[name] = moved[name][:batch]
+    return moved
+
+
+def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[int] = (1, 16),
+              device: str = "cuda", sweep: bool = False) -> str | None:
+    """Triton kernel at 1M×384 fp16 vs the floor (bytes it must read ÷ measured copy bandwidth); where
+    its time goes (pass 1, pass 2 + merges, the torch gather); torch on the same GPU; and, with
+    ``sweep``, every pass-1 launch of GPU_SWEEP, checked against the default launch's ids."""
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
         return None
-    device = torch.device("cuda")
-    src = torch.empty(256 * 2**20, dtype=torch.float32, device=device)  # 1 GiB
-    dst = torch.empty_like(src)
-    copy_s = cuda_seconds(functools.partial(dst.copy_, src))
-    bandwidth = 2 * src.nbytes / copy_s  # read + write bytes per second
-    del src, dst
-    lines = ["| N | B | captions | triton ms | floor ms | % of floor | effective GB/s |",
+    bandwidth = None
+    if target.type == "cuda":
+        src = torch.empty(256 * 2**20, dtype=torch.float32, device=target)  # 1 GiB
+        dst = torch.empty_like(src)
+        bandwidth = 2 * src.nbytes / cuda_seconds(functools.partial(dst.copy_, src))  # read + write bytes/s
+        del src, dst
+    sections = [f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)" if bandwidth else
+                f"device {device}: no copy bandwidth, times are not GPU times"]
+    lines = ["| N | B | captions | triton ms | floor ms | time / floor | effective GB/s |",
              "|---|---|---|---|---|---|---|"]
+    plain = make_bucket(num_entries, dim, max(batches), has_captions=False)
     for has_captions in (False, True):
-        bucket = make_bucket(num_entries, dim, max(batches), has_captions)
-        on_gpu = {name: (t.to(device).half() if t.is_floating_point() and t.dim() == 2 else t.to(device))
-                  if isinstance(t, torch.Tensor) else t for name, t in bucket.kwargs().items()}
+        bucket = plain if not has_captions else make_bucket(num_entries, dim, max(batches), has_captions=True)
         for batch in batches:
-            kwargs = {**on_gpu, "query_q": on_gpu["query_q"][:batch],
-                      "query_c": None if on_gpu["query_c"] is None else on_gpu["query_c"][:batch],
-                      "has_caption": None if on_gpu["has_caption"] is None else on_gpu["has_caption"][:batch]}
-            seconds = cuda_seconds(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"))
+            kwargs = _on(bucket, target, batch)
+            seconds = device_seconds(lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton"), target)
             # Embeddings once, the per-entry vectors once, Sim written then read back once.
-            num_matrices = 2 if has_captions else 1
-            num_bytes = num_matrices * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
-            floor = num_bytes / bandwidth
+            num_bytes = (2 if has_captions else 1) * num_entries * dim * 2 + num_entries * 9 + 2 * batch * num_entries * 4
+            floor = num_bytes / bandwidth if bandwidth else float("nan")
             lines.append(f"| {num_entries:,} | {batch} | {'yes' if has_captions else 'no'} | {seconds * 1e3:.3f} "
-                         f"| {floor * 1e3:.3f} | {100 * floor / seconds:.0f}% | {num_bytes / seconds / 1e9:.0f} |")
-    return f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)\n\n" + "\n".join(lines)
+                         f"| {floor * 1e3:.3f} | {seconds / floor:.2f}x | {num_bytes / seconds / 1e9:.0f} |")
+    sections.append("\n".join(lines))
+    sections.append(_gpu_breakdown(_on(plain, target, 1), target))
+    if sweep:
+        sections.append(_gpu_sweep(plain, target, batches))
+    return "\n\n".join(sections)
+
+
+def _gpu_breakdown(kwargs: dict, device: torch.device) -> str:
+    """B = 1, no captions: each stage of the kernel alone, and torch doing the same job on the same GPU."""
+    from kernels.memory_score_ref import memory_topk_ref
+    from kernels.memory_score_terms import gather_terms
+    from kernels.memory_score_triton import _launch_score_topk, _launch_sim, _launch_terms
+
+    launch = GPU_SWEEP[0]
+    usage, success = kwargs["usage"].float(), kwargs["success"].float()
+    labels = kwargs["labels"].to(torch.int8)
+
+    def pass1() -> tuple:
+        return _launch_sim(kwargs["query_q"], None, None, kwargs["keys_q"], None, WEIGHTS, launch)
+
+    sim, minmax = pass1()
+
+    def pass2() -> tuple:
+        return _launch_score_topk(sim, minmax, usage, success, labels, 4, WEIGHTS, 1024)
+
+    top_score, top_ids = pass2()
+    fp32 = {**kwargs, "query_q": kwargs["query_q"].float(), "keys_q": kwargs["keys_q"].float()}
+    rows = [("whole call (memory_topk, triton)", lambda: memory_topk(**kwargs, k=4, weights=WEIGHTS, backend="triton")),
+            ("pass 1: Sim + block min/max + fold", pass1),
+            ("pass 2 + merges: score, top-k per label", pass2),
+            ("winners' terms, one kernel (_terms_kernel)",
+             lambda: _launch_terms(top_ids, top_score, sim, minmax, usage, success, WEIGHTS.eps)),
+            ("winners' terms in torch (gather_terms, before)",
+             lambda: gather_terms(top_ids, top_score, sim, -minmax[1], minmax[0], usage, success, WEIGHTS.eps)),
+            ("torch reference (memory_topk_ref), fp16 keys", lambda: memory_topk_ref(**kwargs, k=4, weights=WEIGHTS)),
+            ("torch reference, fp32 keys", lambda: memory_topk_ref(**fp32, k=4, weights=WEIGHTS)),
+            ("nearest-neighbour floor: keys @ q, topk (not a valid retrieval)",
+             lambda: torch.topk(kwargs["keys_q"] @ kwargs["query_q"].T, 8, dim=0))]
+    lines = ["| B = 1, no captions | ms |", "|---|---|"]
+    lines += [f"| {name} | {device_seconds(fn, device) * 1e3:.3f} |" for name, fn in rows]
+    return "\n".join(lines)
+
+
+def _gpu_sweep(bucket: Bucket, device: torch.device, batches: Sequence[int]) -> str:
+    """Every pass-1 launch of GPU_SWEEP: pass 1 alone and the whole call; a launch whose ids differ
+    from the default launch's is marked."""
+    from kernels.memory_score_triton import _launch_sim, memory_topk_triton
+
+    lines = ["| B | block_n | warps | stages | pass 1 ms | whole call ms | ids as default |",
+             "|---|---|---|---|---|---|---|"]
+    for batch in batches:
+        kwargs = _on(bucket, device, batch)
+        want = memory_topk_triton(**kwargs, k=4, weights=WEIGHTS).ids
+        rows = []
+        for launch in GPU_SWEEP:
+            def call(launch: LaunchShape = launch) -> ScoreResult:
+                return memory_topk_triton(**kwargs, k=4, weights=WEIGHTS, block_n=launch.block_n,
+                                          num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+            def pass1(launch: LaunchShape = launch) -> tuple:
+                return _launch_sim(kwargs["query_q"], None, None, kwargs["keys_q"], None, WEIGHTS, launch)
+
+            try:
+                same = "yes" if torch.equal(call().ids, want) else "**no**"
+                rows.append((device_seconds(pass1, device), device_seconds(call, device), launch, same))
+            except Exception as err:  # a launch the GPU cannot take (shared memory) is a finding, not a crash
+                rows.append((float("inf"), float("inf"), launch, f"failed: {type(err).__name__}"))
+        for pass1_s, call_s, launch, same in sorted(rows, key=lambda row: row[0]):
+            lines.append(f"| {batch} | {launch.block_n} | {launch.num_warps} | {launch.num_stages} "
+                         f"| {pass1_s * 1e3:.3f} | {call_s * 1e3:.3f} | {same} |")
+    return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -415,6 +511,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
     parser.add_argument("--no-main", action="store_true", help="skip the main (baselines) table")
     parser.add_argument("--no-products", action="store_true", help="skip the two alternatives tables")
+    parser.add_argument("--gpu-entries", type=int, default=1_000_000, help="bucket size N of the GPU section")
+    parser.add_argument("--gpu-device", default="cuda",
+                        help="device of the GPU section (cpu with TRITON_INTERPRET=1: a smoke run of its code)")
+    parser.add_argument("--gpu-sweep", action="store_true", help="time every pass-1 launch of GPU_SWEEP too")
     return parser.parse_args(argv)
 
 
@@ -440,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
         print("\n## Score + top-k step alternatives (from Sim, ms)\n")
         print(bench_postprocess(sizes, args.batch, args.k, args.stat))
-    gpu = bench_gpu(dim=args.dim)
+    gpu = bench_gpu(args.gpu_entries, args.dim, device=args.gpu_device, sweep=args.gpu_sweep)
     print("\n## GPU (Triton, fp16 keys)\n")
     print(gpu if gpu is not None else "no CUDA device: skipped")
 

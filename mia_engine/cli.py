@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--small", action="store_true", help="CPU sizes (automatic without a GPU)")
     doctor.add_argument("--layers", type=int, default=4, help="depth of the Qwen3-8B-shaped stack (default %(default)s)")
     doctor.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default %(default)s)")
+    doctor.add_argument("--checks", type=_doctor_checks, default=None, metavar="LIST",
+                        help="comma-separated subset of kernel,grpo,faiss (default: all)")
     _eval_parser(sub)
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
@@ -66,6 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--images", type=Path, default=None, metavar="DIR",
                        help="index the images under DIR for image-to-image search instead (tools.image_index)")
     return parser
+
+
+def _doctor_checks(text: str) -> tuple[str, ...]:
+    """``--checks kernel,grpo``: a one-line argparse error names an unknown check."""
+    from .doctor import CHECKS
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in CHECKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown check(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {','.join(CHECKS)}")
+    return names
 
 
 def _eval_parser(sub: Any) -> None:
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import doctor
 
         args = _parser().parse_args(argv)
-        return doctor.main(args.small, args.layers, args.seq_len)
+        return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.CHECKS)
     try:
         args, overrides = parse_args(argv)
         config = _load(args, overrides)

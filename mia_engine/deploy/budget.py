@@ -43,6 +43,10 @@ from .shapes import DTYPE_BYTES, DecoderShape, bert_params, decoder_shape, read_
 GIB = 1024**3
 ACTIVATION_ROWS_PER_TOKEN = 4
 """Hidden-size-wide rows live per token at vLLM's activation peak (residual, norm out, attn out, o out)."""
+LOGIT_BYTES_FP32 = 13
+"""Bytes per logit, beyond the logits, at the learner's peak: the fp32 scaled logits kept for the
+log-softmax's backward and up to about three fp32 temporaries of its backward (a measured 15 B per
+logit with bf16 logits, 2 + 13: bench/RESULTS.md, GPU section)."""
 
 
 class Item(msgspec.Struct, frozen=True):
@@ -230,17 +234,27 @@ def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items:
         notes.append(f"engine {name}: the ray package is not installed here (pip install 'ray[default]')")
 
 
-def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
-    """The learner's GPU memory (the doctor compares it with a measured step)."""
+def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int,
+                  num_logit_positions: int | None = None) -> list[Item]:
+    """The learner's GPU memory at its peak, for its longest micro-batch; logits for
+    ``num_logit_positions`` positions of it (default all: a completion may fill the sequence).
+
+    Checked against a measured step (``python -m mia_engine doctor``; bench/RESULTS.md, GPU section:
+    within 1 % on an H200 at 4 and 36 layers of a Qwen3-8B-shaped stack, at the logits the step kept).
+    Per LoRA weight: fp32 weight, grad and two AdamW moments (16 B), and the step's rollback snapshot
+    of weight and moments (12 B, kept on the device). Per logit (every position may be a completion
+    token): the logits in the model's dtype and the fp32 log-softmax's forward and backward
+    (``grpo.sequence_token_logprobs``), LOGIT_BYTES_FP32 beyond the logits themselves."""
     b = DTYPE_BYTES[learner.dtype]
     lora = shape.lora_params_per_layer(rank) * shape.num_layers
     seq = learner.micro_batch_size * (learner.max_seq_len or max_model_len)
+    logits = seq if num_logit_positions is None else learner.micro_batch_size * num_logit_positions
     return [
         Item("learner weights", shape.num_text_params * b),
-        Item(f"learner LoRA r{rank} + grads + AdamW (fp32)", lora * 16),
+        Item(f"learner LoRA r{rank} + grads + AdamW + rollback snapshot (fp32)", lora * (16 + 12)),
         Item("learner activations (checkpointed)",
              seq * (shape.num_layers * shape.hidden_size + 8 * shape.hidden_size + 4 * shape.intermediate_size) * b
-             + seq * shape.vocab_size * (b + 8)),
+             + logits * shape.vocab_size * (b + LOGIT_BYTES_FP32)),
     ]
 
 

@@ -23,7 +23,7 @@ def render(config: MIAConfig, result: Plan) -> str:
         lines.append(f"  {_label(gpu.gpu)}: {gpu.used_bytes / GIB:.2f}{capacity} claimed")
         for claim in gpu.claims:
             lines.append(f"    {claim.owner}: {claim.share_bytes / GIB:.2f}")
-            lines += [f"      {item.what:<44} {item.num_bytes / GIB:8.2f}" for item in claim.items]
+            lines += [f"      {item.what:<62} {item.num_bytes / GIB:8.2f}" for item in claim.items]
     if result.notes:
         lines += ["", "Notes", *(f"  {note}" for note in result.notes)]
     return "\n".join(lines)

@@ -326,15 +326,18 @@ def compile_kernel(fn, signature, constexprs):
     source = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}}, constexprs=constexprs)
     triton.compile(source, target=GPUTarget("cuda", 90, 32))
 
-emb = {name: "*fp16" for name in ("query_q_ptr", "query_c_ptr")}
-compile_kernel(ms._sim_kernel, {**emb, "captioned_ptr": "*i8", "keys_q_ptr": "*fp16", "keys_c_ptr": "*fp16",
-    "sim_ptr": "*fp32", "block_min_ptr": "*fp32", "block_max_ptr": "*fp32", "B": "i32", "N": "i32", "D": "i32",
-    "stride_kq": "i32", "stride_kc": "i32", "num_blocks": "i32", "alpha_q": "fp32", "alpha_c": "fp32"},
-    {"USE_CAPTION": True, "HAS_KEYS_C": True, "BLOCK_B": 16, "BLOCK_N": 64, "BLOCK_D": 64})
-compile_kernel(ms._score_topk_kernel, {"sim_ptr": "*fp32", "sim_min_ptr": "*fp32", "sim_max_ptr": "*fp32",
+for query in ("*fp32", "*fp16"):  # an fp32 query is rounded to the fp16 keys' dtype in the kernel
+    compile_kernel(ms._sim_kernel, {"query_q_ptr": query, "query_c_ptr": query, "captioned_ptr": "*i8",
+        "keys_q_ptr": "*fp16", "keys_c_ptr": "*fp16", "sim_ptr": "*fp32", "partials_ptr": "*fp32", "B": "i32",
+        "N": "i32", "D": "i32", "stride_kq": "i32", "stride_kc": "i32", "num_blocks": "i32", "alpha_q": "fp32",
+        "alpha_c": "fp32"}, {"USE_CAPTION": True, "HAS_KEYS_C": True, "BLOCK_B": 16, "BLOCK_N": 64, "BLOCK_D": 64})
+compile_kernel(ms._score_topk_kernel, {"sim_ptr": "*fp32", "minmax_ptr": "*fp32",
     "usage_ptr": "*fp32", "success_ptr": "*fp32", "label_ptr": "*i8", "out_score_ptr": "*fp32", "out_id_ptr": "*i64",
-    "N": "i32", "k": "i32", "num_blocks": "i32", "lambda_sim": "fp32", "lambda_value": "fp32",
+    "B": "i32", "N": "i32", "k": "i32", "num_blocks": "i32", "lambda_sim": "fp32", "lambda_value": "fp32",
     "lambda_freq": "fp32", "eps": "fp32"}, {"BLOCK": 1024})
+compile_kernel(ms._terms_kernel, {"ids_ptr": "*i64", "score_ptr": "*fp32", "sim_ptr": "*fp32", "minmax_ptr": "*fp32",
+    "usage_ptr": "*fp32", "success_ptr": "*fp32", "out_ptr": "*fp32", "B": "i32", "N": "i32", "width": "i32",
+    "eps": "fp32"}, {"BLOCK": 16})
 compile_kernel(ms._merge_topk_kernel, {"in_score_ptr": "*fp32", "in_id_ptr": "*i64", "out_score_ptr": "*fp32",
     "out_id_ptr": "*i64", "M": "i32", "k": "i32", "num_blocks": "i32"}, {"BLOCK": 2048})
 """

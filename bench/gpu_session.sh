@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every GPU figure this project measures without vLLM, in one command: what a GPU box adds to
+# bench/RESULTS.md. Each step runs under its own time limit and writes its own file under OUT_DIR,
+# most important first, so a machine lent for minutes returns what it finished.
+#
+#   bash bench/gpu_session.sh [OUT_DIR]        (default bench/results/gpu; PYTHON picks the interpreter)
+#
+# Steps: the Triton kernel against the bandwidth floor with a sweep of its launch (memory_score), the
+# doctor (kernel vs reference at 1M x 384, a GRPO step of a 4-layer Qwen3-8B-shaped stack, faiss-gpu),
+# the GRPO step of the whole 36-layer stack (doctor_36_layers), and the kernel tests compiled for this
+# GPU (kernel_tests). steps.txt says how each ended.
+set -u
+out=${1:-bench/results/gpu}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+step() {  # step NAME SECONDS COMMAND...: run it, keep its output, record how it ended
+    local name=$1 limit=$2 started=$SECONDS rc
+    shift 2
+    timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+    rc=$?
+    echo "$name: rc=$rc in $((SECONDS - started)) s (limit $limit s)" | tee -a "$out/steps.txt"
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    "$py" -c 'import platform, torch, triton, transformers, peft
+print(platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__,
+      "transformers", transformers.__version__, "peft", peft.__version__)'
+} >"$out/machine.txt" 2>&1
+
+step memory_score 170 "$py" bench/bench_memory_score.py --no-main --no-products --no-faiss --gpu-sweep
+step doctor 120 "$py" -m mia_engine doctor
+step doctor_36_layers 210 "$py" -m mia_engine doctor --layers 36 --checks grpo
+step kernel_tests 110 "$py" -m pytest tests/kernels/test_memory_score.py --noconftest -q -p no:cacheprovider
