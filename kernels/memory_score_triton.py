@@ -6,9 +6,9 @@ not installed; the CPU backends need no Triton.
 
 Kernel structure (each embedding row is read exactly once):
     pass 1 ``_sim_kernel``: one program per block of BLOCK_N entries computes Sim for all B
-        queries (tl.dot over d tiles, fp32 accumulators), writes Sim (B, N) and the block's
-        min/max (B, N/BLOCK_N). The wrapper folds those partials with ``amin``/``amax`` (a
-        reduction over N/BLOCK_N numbers per query, not over the embeddings).
+        queries (tl.dot over d tiles, fp32 accumulators), writes Sim (B, N) and the block's max
+        and −min side by side (2, B, N/BLOCK_N). The wrapper folds those partials with one
+        ``amax`` (a reduction over N/BLOCK_N numbers per query, not over the embeddings).
     pass 2 ``_score_topk_kernel``: one program per (query, block of N similarities) forms
         Ŝ/Val/Freq/Score and selects each label's k' best in-kernel (k' rounds of max + lowest-id
         argmax), writing (B, 2, blocks, k') candidates; ``_merge_topk_kernel`` repeats the same

@@ -18,3 +18,14 @@ def test_doctor_small_on_cpu_runs_the_cpu_parts_and_says_what_it_skipped() -> No
     assert lines.keys() == {"PASS memory kernel", "PASS GRPO step", "SKIP faiss-gpu"}, result.stdout
     assert "Triton interpreter matches the torch reference" in lines["PASS memory kernel"]
     assert "r64 LoRA" in lines["PASS GRPO step"] and "not measured" in lines["PASS GRPO step"]
+
+
+def test_doctor_checks_picks_a_subset_and_refuses_an_unknown_one_in_one_line() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    command = [sys.executable, "-m", "mia_engine", "doctor", "--small", "--checks"]
+    only = subprocess.run([*command, "faiss"], capture_output=True, text=True, timeout=300, env=env)
+    assert only.returncode == 0, only.stdout + only.stderr
+    assert [line.split(":")[0] for line in only.stdout.splitlines()] == ["SKIP faiss-gpu"]
+    bad = subprocess.run([*command, "kernel,gpu"], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].endswith("unknown check(s) gpu; choose from kernel,grpo,faiss")
