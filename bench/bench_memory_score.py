@@ -376,6 +376,9 @@ GPU_SWEEP = [DEFAULT_LAUNCH] + [shape for shape in (
     [LaunchShape(block_n, warps, stages) for block_n in (64, 128, 256) for warps in (4, 8) for stages in (2, 3, 4)]
     + [LaunchShape(512, 8, stages) for stages in (2, 3)]) if shape != DEFAULT_LAUNCH]
 """Pass-1 launches the sweep times; the kernel's default first."""
+SCORE_SWEEP = [(1024, 4)] + [(block, warps) for block in (512, 1024, 2048, 4096) for warps in (2, 4, 8, 16)
+                             if (block, warps) != (1024, 4)]
+"""Pass-2 (block_score, score_warps) pairs the sweep times; the kernel's default first."""
 
 
 def device_seconds(fn: Callable[[], object], device: torch.device) -> float:
@@ -494,6 +497,22 @@ def _gpu_sweep(bucket: Bucket, device: torch.device, batches: Sequence[int]) -> 
         for pass1_s, call_s, launch, same in sorted(rows, key=lambda row: row[0]):
             lines.append(f"| {batch} | {launch.block_n} | {launch.num_warps} | {launch.num_stages} "
                          f"| {pass1_s * 1e3:.3f} | {call_s * 1e3:.3f} | {same} |")
+    lines += ["", "| B | block_score | score_warps | whole call ms | ids as default |", "|---|---|---|---|---|"]
+    for batch in batches:
+        kwargs = _on(bucket, device, batch)
+        want = memory_topk_triton(**kwargs, k=4, weights=WEIGHTS).ids
+        score_rows = []
+        for block, warps in SCORE_SWEEP:
+            def scored(block: int = block, warps: int = warps) -> ScoreResult:
+                return memory_topk_triton(**kwargs, k=4, weights=WEIGHTS, block_score=block, score_warps=warps)
+
+            try:
+                same = "yes" if torch.equal(scored().ids, want) else "**no**"
+                score_rows.append((device_seconds(scored, device), block, warps, same))
+            except Exception as err:  # a launch the GPU cannot take is a finding, not a crash
+                score_rows.append((float("inf"), block, warps, f"failed: {type(err).__name__}"))
+        for call_s, block, warps, same in sorted(score_rows):
+            lines.append(f"| {batch} | {block} | {warps} | {call_s * 1e3:.3f} | {same} |")
     return "\n".join(lines)
 
 

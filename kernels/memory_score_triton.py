@@ -64,10 +64,12 @@ def memory_topk_triton(
     block_score: int = 1024,
     num_warps: int = DEFAULT_LAUNCH.num_warps,
     num_stages: int = DEFAULT_LAUNCH.num_stages,
+    score_warps: int = 4,
 ) -> ScoreResult:
     """The fused two-pass Triton kernel. block_n: entries per pass-1 program; block_score:
     similarities per pass-2 program (tests shrink it to exercise the multi-level merge); num_warps,
-    num_stages: pass 1's launch (bench/bench_memory_score.py's GPU sweep measures the choices)."""
+    num_stages: pass 1's launch; score_warps: pass 2's and the merges' (bench/bench_memory_score.py's
+    GPU sweep measures the choices)."""
     if triton is None:
         raise RuntimeError("memory_topk_triton needs the triton package")
     batch, num_entries = query_q.shape[0], keys_q.shape[0]
@@ -86,7 +88,7 @@ def memory_topk_triton(
     usage = usage.to(torch.float32).contiguous()
     success = success.to(torch.float32).contiguous()
     top_score, top_ids = _launch_score_topk(sim, minmax, usage, success, labels.to(torch.int8).contiguous(),
-                                            k_eff, weights, block_score)
+                                            k_eff, weights, block_score, score_warps)
     return _launch_terms(top_ids, top_score, sim, minmax, usage, success, weights.eps)
 
 
@@ -138,6 +140,7 @@ def _launch_score_topk(
     k: int,
     weights: ScoreWeightsLike,
     block_score: int,
+    num_warps: int = 4,
 ) -> tuple[Tensor, Tensor]:
     """Pass 2 + merges: (B, 2, k') scores and ids, ids -1 where a label ran out."""
     batch, num_entries = sim.shape
@@ -147,7 +150,7 @@ def _launch_score_topk(
     _score_topk_kernel[(batch, num_blocks)](
         sim, minmax, usage, success, labels, cand_score, cand_ids,
         batch, num_entries, k, num_blocks, weights.lambda_sim, weights.lambda_value, weights.lambda_freq,
-        weights.eps, BLOCK=block_score,
+        weights.eps, BLOCK=block_score, num_warps=num_warps,
     )
     while num_blocks > 1:  # each level keeps k' of every block >= 2k' candidates: at least halves
         num_cand = num_blocks * k
@@ -157,6 +160,7 @@ def _launch_score_topk(
         merged_ids = torch.empty((batch, 2, num_blocks, k), dtype=torch.int64, device=sim.device)
         _merge_topk_kernel[(batch * 2, num_blocks)](
             cand_score, cand_ids, merged_score, merged_ids, num_cand, k, num_blocks, BLOCK=block,
+            num_warps=num_warps,
         )
         cand_score, cand_ids = merged_score, merged_ids
     return cand_score.reshape(batch, 2, k), cand_ids.reshape(batch, 2, k)
