@@ -401,8 +401,8 @@ def _on(bucket: Bucket, device: torch.device, batch: int) -> dict:
 def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[int] = (1, 16),
               device: str = "cuda", sweep: bool = False) -> str | None:
     """Triton kernel at 1M×384 fp16 vs the floor (bytes it must read ÷ measured copy bandwidth); where
-    its time goes (pass 1, pass 2 + merges, the torch gather); torch on the same GPU; and, with
-    ``sweep``, every pass-1 launch of GPU_SWEEP, checked against the default launch's ids."""
+    its time goes (pass 1, pass 2 + merges, the winners' terms); torch on the same GPU; and, with
+    ``sweep``, the launch sweeps of ``_gpu_sweep``."""
     target = torch.device(device)
     if target.type == "cuda" and not torch.cuda.is_available():
         return None
@@ -471,49 +471,46 @@ def _gpu_breakdown(kwargs: dict, device: torch.device) -> str:
 
 
 def _gpu_sweep(bucket: Bucket, device: torch.device, batches: Sequence[int]) -> str:
-    """Every pass-1 launch of GPU_SWEEP: pass 1 alone and the whole call; a launch whose ids differ
-    from the default launch's is marked."""
+    """Every pass-1 launch of GPU_SWEEP (pass 1 alone and the whole call), then every pass-2 launch of
+    SCORE_SWEEP (the whole call); a launch whose ids differ from the default launch's is marked."""
     from kernels.memory_score_triton import _launch_sim, memory_topk_triton
 
     lines = ["| B | block_n | warps | stages | pass 1 ms | whole call ms | ids as default |",
              "|---|---|---|---|---|---|---|"]
+    score_lines = ["| B | block_score | score_warps | whole call ms | ids as default |", "|---|---|---|---|---|"]
     for batch in batches:
         kwargs = _on(bucket, device, batch)
         want = memory_topk_triton(**kwargs, k=4, weights=WEIGHTS).ids
         rows = []
         for launch in GPU_SWEEP:
-            def call(launch: LaunchShape = launch) -> ScoreResult:
-                return memory_topk_triton(**kwargs, k=4, weights=WEIGHTS, block_n=launch.block_n,
-                                          num_warps=launch.num_warps, num_stages=launch.num_stages)
-
             def pass1(launch: LaunchShape = launch) -> tuple:
                 return _launch_sim(kwargs["query_q"], None, None, kwargs["keys_q"], None, WEIGHTS, launch)
 
-            try:
-                same = "yes" if torch.equal(call().ids, want) else "**no**"
-                rows.append((device_seconds(pass1, device), device_seconds(call, device), launch, same))
-            except Exception as err:  # a launch the GPU cannot take (shared memory) is a finding, not a crash
-                rows.append((float("inf"), float("inf"), launch, f"failed: {type(err).__name__}"))
-        for pass1_s, call_s, launch, same in sorted(rows, key=lambda row: row[0]):
-            lines.append(f"| {batch} | {launch.block_n} | {launch.num_warps} | {launch.num_stages} "
-                         f"| {pass1_s * 1e3:.3f} | {call_s * 1e3:.3f} | {same} |")
-    lines += ["", "| B | block_score | score_warps | whole call ms | ids as default |", "|---|---|---|---|---|"]
-    for batch in batches:
-        kwargs = _on(bucket, device, batch)
-        want = memory_topk_triton(**kwargs, k=4, weights=WEIGHTS).ids
+            call = functools.partial(memory_topk_triton, **kwargs, k=4, weights=WEIGHTS, block_n=launch.block_n,
+                                     num_warps=launch.num_warps, num_stages=launch.num_stages)
+            same, call_s = _checked(call, want, device)
+            rows.append((device_seconds(pass1, device) if call_s < float("inf") else call_s, call_s, launch, same))
+        lines += [f"| {batch} | {launch.block_n} | {launch.num_warps} | {launch.num_stages} "
+                  f"| {pass1_s * 1e3:.3f} | {call_s * 1e3:.3f} | {same} |"
+                  for pass1_s, call_s, launch, same in sorted(rows, key=lambda row: row[0])]
         score_rows = []
         for block, warps in SCORE_SWEEP:
-            def scored(block: int = block, warps: int = warps) -> ScoreResult:
-                return memory_topk_triton(**kwargs, k=4, weights=WEIGHTS, block_score=block, score_warps=warps)
+            call = functools.partial(memory_topk_triton, **kwargs, k=4, weights=WEIGHTS, block_score=block,
+                                     score_warps=warps)
+            score_rows.append((*_checked(call, want, device)[::-1], block, warps))
+        score_lines += [f"| {batch} | {block} | {warps} | {call_s * 1e3:.3f} | {same} |"
+                        for call_s, same, block, warps in sorted(score_rows, key=lambda row: row[0])]
+    return "\n".join(lines + [""] + score_lines)
 
-            try:
-                same = "yes" if torch.equal(scored().ids, want) else "**no**"
-                score_rows.append((device_seconds(scored, device), block, warps, same))
-            except Exception as err:  # a launch the GPU cannot take is a finding, not a crash
-                score_rows.append((float("inf"), block, warps, f"failed: {type(err).__name__}"))
-        for call_s, block, warps, same in sorted(score_rows):
-            lines.append(f"| {batch} | {block} | {warps} | {call_s * 1e3:.3f} | {same} |")
-    return "\n".join(lines)
+
+def _checked(call: Callable[[], ScoreResult], want: torch.Tensor, device: torch.device) -> tuple[str, float]:
+    """("yes" / "**no**": the call's ids equal ``want``, its seconds); a launch the GPU cannot take
+    (shared memory, registers) is a finding, not a crash: ("failed: ...", inf)."""
+    try:
+        same = "yes" if torch.equal(call().ids, want) else "**no**"
+        return same, device_seconds(call, device)
+    except Exception as err:
+        return f"failed: {type(err).__name__}", float("inf")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -533,7 +530,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-entries", type=int, default=1_000_000, help="bucket size N of the GPU section")
     parser.add_argument("--gpu-device", default="cuda",
                         help="device of the GPU section (cpu with TRITON_INTERPRET=1: a smoke run of its code)")
-    parser.add_argument("--gpu-sweep", action="store_true", help="time every pass-1 launch of GPU_SWEEP too")
+    parser.add_argument("--gpu-sweep", action="store_true", help="time every launch of GPU_SWEEP (pass 1) and SCORE_SWEEP (pass 2) too")
     return parser.parse_args(argv)
 
 
