@@ -239,6 +239,15 @@ if triton is not None:
             scores = tl.where(ids == best_id, float("-inf"), scores)
 
     @triton.jit
+    def _score_terms(sim, usage, success, minmax_ptr, B, b, eps):
+        """Ŝ, Val, Freq of query b (min/max Sim from pass 1's fold): one expression for scoring in
+        pass 2 and for the winners' terms, so the two cannot drift apart."""
+        sim_max = tl.load(minmax_ptr + b)
+        sim_min = -tl.load(minmax_ptr + B + b)
+        sim_norm = (sim - sim_min) / (sim_max - sim_min + eps)
+        return sim_norm, success / (usage + 1.0), 1.0 / (usage + 1.0)
+
+    @triton.jit
     def _score_topk_kernel(
         sim_ptr, minmax_ptr, usage_ptr, success_ptr, label_ptr,
         out_score_ptr, out_id_ptr, B, N, k, num_blocks,
@@ -250,14 +259,10 @@ if triton is not None:
         offs = blk * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,)
         in_bucket = offs < N
         sim = tl.load(sim_ptr + b.to(tl.int64) * N + offs, mask=in_bucket, other=0.0)
-        sim_max = tl.load(minmax_ptr + b)
-        sim_min = -tl.load(minmax_ptr + B + b)
         usage = tl.load(usage_ptr + offs, mask=in_bucket, other=0.0)
         success = tl.load(success_ptr + offs, mask=in_bucket, other=0.0)
         label = tl.load(label_ptr + offs, mask=in_bucket, other=0)
-        sim_norm = (sim - sim_min) / (sim_max - sim_min + eps)
-        value = success / (usage + 1.0)
-        freq = 1.0 / (usage + 1.0)
+        sim_norm, value, freq = _score_terms(sim, usage, success, minmax_ptr, B, b, eps)
         score = lambda_sim * sim_norm + lambda_value * value + lambda_freq * freq  # (BLOCK,)
         ids = offs.to(tl.int64)
         for slot in tl.static_range(2):  # 0: positives, 1: negatives
@@ -299,13 +304,9 @@ if triton is not None:
         is_found = ids >= 0
         safe_ids = tl.where(is_found, ids, 0)
         sim = tl.load(sim_ptr + b.to(tl.int64) * N + safe_ids, mask=is_slot, other=0.0)
-        sim_max = tl.load(minmax_ptr + b)
-        sim_min = -tl.load(minmax_ptr + B + b)
         usage = tl.load(usage_ptr + safe_ids, mask=is_slot, other=0.0)
         success = tl.load(success_ptr + safe_ids, mask=is_slot, other=0.0)
-        sim_norm = (sim - sim_min) / (sim_max - sim_min + eps)
-        value = success / (usage + 1.0)
-        freq = 1.0 / (usage + 1.0)
+        sim_norm, value, freq = _score_terms(sim, usage, success, minmax_ptr, B, b, eps)
         plane = B * width  # 2k'·B numbers: int32 is plenty
         tl.store(out_ptr + row, tl.where(is_found, score, float("-inf")), mask=is_slot)
         tl.store(out_ptr + plane + row, tl.where(is_found, sim, 0.0), mask=is_slot)

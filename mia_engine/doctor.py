@@ -132,7 +132,7 @@ def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) 
     if not result.is_accepted:
         return Check("GRPO step", "FAIL", f"the step was rejected: {result.reason}")
     budget = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len))
-    kept = seq_len - seq_len // 4 + 1  # the learner keeps logits from the last prompt token on
+    kept = seq_len - min(len(s.prompt_ids) for s in samples) + 1  # logits from the last prompt token on
     estimate = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len, kept))
     where = (f"{shape['num_hidden_layers']} layers x {shape['hidden_size']} wide, r64 LoRA, "
              f"{len(samples)} x {seq_len} tokens")
