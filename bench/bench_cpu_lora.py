@@ -12,7 +12,16 @@ for a shrink (``in`` = hidden, ``out`` = rank) and an expand (``in`` = rank, ``o
 step's tokens are spread over three adapters (Planner, Executor, none) of four loaded slots, as in
 the research loop.
 
+With ``--layers`` it times a whole LoRA linear layer instead (``add_lora_linear`` of a q/k/v or a
+gate/up projection, every slice), through three Punica wrappers, one decode step's tokens each:
+  vllm        vLLM's ``PunicaWrapperCPU`` on its own ops
+  per-slice   vLLM's wrapper code on the grouped ops (a shrink and an expand per slice, each grouping
+              the tokens again): what ran before the slices were fused
+  fused       ``GroupedPunicaWrapperCPU`` (what the engines run): one shrink and one expand per adapter
+              for all slices, the tokens grouped once per step
+
 Run:  python bench/bench_cpu_lora.py --out bench/results/cpu_lora.json
+      python bench/bench_cpu_lora.py --layers --out bench/results/cpu_lora_layers.json
 or:   python -m pytest bench/bench_cpu_lora.py --benchmark-only   (pytest-benchmark)
 """
 
@@ -36,6 +45,10 @@ from mia_engine.engines import cpu_lora  # noqa: E402
 MODELS = {"tiny": (128, 8), "smollm2-135m": (576, 16)}
 """(hidden size, LoRA rank) of each model's adapters (configs/tiny.toml, configs/default.toml)."""
 SLOTS = 4
+LAYERS = {"tiny": {"qkv": (128, 64, 64), "gate_up": (256, 256)},
+          "smollm2-135m": {"qkv": (576, 192, 192), "gate_up": (1536, 1536)}}
+"""Output slices of each model's two multi-slice LoRA layers (the models' config.json: heads × head_dim,
+intermediate size)."""
 
 
 def case(hidden: int, rank: int, tokens: int, kind: str, dtype: torch.dtype,
@@ -101,15 +114,62 @@ def run(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> lis
     return rows
 
 
+def layer_wrappers() -> dict[str, type]:
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU, _OnOurOps
+
+    return {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU}
+
+
+def layer_case(wrapper_class: type, hidden: int, rank: int, slices: tuple[int, ...], tokens: int,
+               dtype: torch.dtype) -> Callable[[], object]:
+    """One decode step's ``add_lora_linear`` through ``wrapper_class``, tokens spread over Planner,
+    Executor and none (LoRA ids 11, 12, 0) as in ``case``."""
+    from vllm.lora.layers import LoRAMapping
+
+    g = torch.Generator().manual_seed(0)
+    ids = [(0, 11, 12)[i] for i in torch.randint(0, 3, (tokens,), generator=g).tolist()]
+    wrapper = wrapper_class(max_num_batched_tokens=4096, max_batches=256, device="cpu")
+    wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, 13, None], SLOTS, 1000)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    a = tuple(torch.randn(SLOTS, 1, rank, hidden, generator=g).to(dtype) for _ in slices)
+    b = tuple(torch.randn(SLOTS, 1, size, rank, generator=g).to(dtype) for size in slices)
+    y = torch.zeros(tokens, sum(slices), dtype=dtype)
+    return lambda: wrapper.add_lora_linear(y, x, a, b, 1.0, slices)
+
+
+def run_layers(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> list[dict[str, object]]:
+    rows = []
+    wrappers = layer_wrappers()
+    for model, (hidden, rank) in MODELS.items():
+        for layer, slices in LAYERS[model].items():
+            for count in tokens:
+                fns = {name: layer_case(cls, hidden, rank, slices, count, dtype) for name, cls in wrappers.items()}
+                samples: dict[str, list[float]] = {name: [] for name in fns}
+                for r in range(rounds):
+                    for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+                        samples[name].append(time_us(fns[name], min_s))
+                us = {name: statistics.median(v) for name, v in samples.items()}
+                rows.append({"model": model, "layer": layer, "tokens": count, "us": us,
+                             "per_slice_over_fused": us["per-slice"] / us["fused"],
+                             "vllm_over_fused": us["vllm"] / us["fused"]})
+                print(f"{model:13s} {layer:7s} {count:4d} tokens  vllm {us['vllm']:8.1f}  per-slice "
+                      f"{us['per-slice']:8.1f}  fused {us['fused']:8.1f} us   per-slice/fused "
+                      f"{rows[-1]['per_slice_over_fused']:5.2f}", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--layers", action="store_true", help="time whole LoRA layers through the wrappers")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = run(args.tokens, args.rounds, args.min_s, getattr(torch, args.dtype))
+    rows = (run_layers if args.layers else run)(args.tokens, args.rounds, args.min_s, getattr(torch, args.dtype))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
@@ -126,6 +186,12 @@ def test_smollm2_expand(benchmark: object, path: str, tokens: int) -> None:
     x, w, i = case(*MODELS["smollm2-135m"], tokens, "expand", torch.bfloat16)
     fn = variants("expand", torch.bfloat16)[path]
     benchmark(lambda: fn(x, w, i))
+
+
+@pytest.mark.parametrize("wrapper", ["vllm", "per-slice", "fused"])
+def test_smollm2_qkv_layer(benchmark: object, wrapper: str) -> None:
+    hidden, rank = MODELS["smollm2-135m"]
+    benchmark(layer_case(layer_wrappers()[wrapper], hidden, rank, LAYERS["smollm2-135m"]["qkv"], 64, torch.bfloat16))
 
 
 if __name__ == "__main__":

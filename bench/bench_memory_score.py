@@ -527,7 +527,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
     parser.add_argument("--no-main", action="store_true", help="skip the main (baselines) table")
     parser.add_argument("--no-products", action="store_true", help="skip the two alternatives tables")
-    parser.add_argument("--gpu-entries", type=int, default=1_000_000, help="bucket size N of the GPU section")
+    parser.add_argument("--gpu-entries", default="1000000",
+                        help="comma-separated bucket sizes N of the GPU section (one section each)")
+    parser.add_argument("--gpu-batches", default="1,16", help="comma-separated queries per call B of the GPU section")
     parser.add_argument("--gpu-device", default="cuda",
                         help="device of the GPU section (cpu with TRITON_INTERPRET=1: a smoke run of its code)")
     parser.add_argument("--gpu-sweep", action="store_true", help="time every launch of GPU_SWEEP (pass 1) and SCORE_SWEEP (pass 2) too")
@@ -556,9 +558,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
         print("\n## Score + top-k step alternatives (from Sim, ms)\n")
         print(bench_postprocess(sizes, args.batch, args.k, args.stat))
-    gpu = bench_gpu(args.gpu_entries, args.dim, device=args.gpu_device, sweep=args.gpu_sweep)
-    print("\n## GPU (Triton, fp16 keys)\n")
-    print(gpu if gpu is not None else "no CUDA device: skipped")
+    batches = [int(b) for b in args.gpu_batches.split(",")]
+    for num_entries in (int(n) for n in args.gpu_entries.split(",")):
+        gpu = bench_gpu(num_entries, args.dim, batches, device=args.gpu_device, sweep=args.gpu_sweep)
+        print(f"\n## GPU (Triton, fp16 keys), N = {num_entries:,}\n")
+        print(gpu if gpu is not None else "no CUDA device: skipped")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peer import ServedRoles  # noqa: E402
 from bench.servers import launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
-from bench.stats import percentile, report  # noqa: E402
+from bench.stats import cpu_spent, percentile, report, tree_cpu_s  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
@@ -48,7 +48,8 @@ from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E40
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import model_dir  # noqa: E402
-from mia_engine.onednn_cache import bound_this_process, onednn_cache_env  # noqa: E402
+from mia_engine.engines.startup import spawn_env  # noqa: E402
+from mia_engine.onednn_cache import bound_this_process  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
@@ -143,7 +144,7 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     base = model_dir(engine.model, default_home())
     server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops),
                          env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                              **onednn_cache_env(engine.cpu_onednn_cache_capacity)})  # as ours, see servers.py
+                              **spawn_env(engine)})  # as ours: oneDNN cache bound, and `uni` kept (see servers.py)
     await asyncio.to_thread(server.wait_ready)
     roles = ServedRoles(config, server.base_url, "tiny", base, default_home())
     await roles.start()
@@ -199,13 +200,17 @@ async def main_async(args: argparse.Namespace) -> dict:
             for learn in (False, True):
                 order = systems if round_index % 2 == 0 else systems[::-1]  # alternate who goes first
                 for name, agent, concurrent in order:
+                    cpu_before = tree_cpu_s()
                     wall, lat = await run_questions(agent, questions, learn=learn, concurrent=concurrent,
                                                     rollouts=args.rollouts)
+                    cpu = cpu_spent(cpu_before, tree_cpu_s())
                     key = f"{name}/learn={'on' if learn else 'off'}"
-                    entry = results.setdefault(key, {"qps": [], "lat": []})
+                    entry = results.setdefault(key, {"qps": [], "lat": [], "cpu_s": []})
                     entry["qps"].append(len(questions) / wall)
                     entry["lat"] += lat
-                    print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s", flush=True)
+                    entry["cpu_s"].append({"wall_s": round(wall, 2), **cpu})
+                    print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s, CPU s by process {cpu}",
+                          flush=True)
         published = {name: read() - 1 for name, read in versions.items()}
         breakdown = ours.metrics.breakdown()
     finally:
@@ -215,7 +220,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 await result
         await ours.stop()
     summary: dict[str, Any] = {k: {"questions_per_s": statistics.median(v["qps"]), "p50_s": statistics.median(v["lat"]),
-                                   "p99_s": percentile(v["lat"], 0.99)}
+                                   "p99_s": percentile(v["lat"], 0.99), "cpu_s_by_round": v["cpu_s"]}
                                for k, v in results.items()}
     for other in ("peer", "reference"):
         for learn in ("off", "on"):

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.servers import Server, launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
+from mia_engine.engines.startup import spawn_env  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import adapter_dir, model_dir  # noqa: E402
 
@@ -112,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         servers = {"mia_engine": (launch_mia(logs, "tiny", *args.ours_set), ours_model),
-                   "vllm_serve": (launch_vllm(logs, base, "tiny", *vllm_args), ours_model)}
+                   "vllm_serve": (launch_vllm(logs, base, "tiny", *vllm_args, env=spawn_env(engine)), ours_model)}
         try:
             for server, _ in servers.values():
                 server.wait_ready()

@@ -90,7 +90,9 @@ def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -
     """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled).
     ``same_cpu_lora_ops``: also our CPU LoRA ops (``engines.*.cpu_lora_ops``, through the platform plugin
     this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get. The
-    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc."""
+    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc.
+    Launch it with ``env=spawn_env(engine)`` too: vLLM's CPU platform turns ``uni`` back into ``mp``
+    unless that environment reaches its engine core (the first peer runs with ``uni`` missed this)."""
     platform_options = cpu_platform_options(engine)
     if not same_cpu_lora_ops:
         del platform_options[CPU_LORA_KEY]

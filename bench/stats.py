@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile, ``q`` in [0, 1] (p99 of 64 samples = the largest but one)."""
@@ -19,3 +21,26 @@ def report(summary: Any, out: Path | None, **extra: Any) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({**extra, "summary": summary} if extra else summary, indent=2))
+
+
+def tree_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of this process and every process under it, by pid, with a
+    label (``benchmark`` for this one, else the process name vLLM sets: ``VLLM::EngineCore``, ...)."""
+    me = psutil.Process()
+    times: dict[int, tuple[str, float]] = {}
+    for member in [me, *me.children(recursive=True)]:
+        try:
+            cpu = member.cpu_times()
+            label = "benchmark" if member.pid == me.pid else member.name()
+            times[member.pid] = (f"{label}[{member.pid}]", cpu.user + cpu.system)
+        except psutil.NoSuchProcess:
+            continue
+    return times
+
+
+def cpu_spent(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+              min_s: float = 0.05) -> dict[str, float]:
+    """CPU seconds each process spent between two ``tree_cpu_s`` snapshots (idle ones left out), so a
+    benchmark says which process its time went to, not only the wall time."""
+    spent = {label: seconds - before.get(pid, (label, 0.0))[1] for pid, (label, seconds) in after.items()}
+    return {label: round(s, 2) for label, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s >= min_s}

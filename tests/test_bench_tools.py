@@ -1,0 +1,42 @@
+"""The benchmarks' small helpers whose output goes into bench/RESULTS.md: per-process CPU accounting
+and the A/B order. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from bench.bench_ab import order
+from bench.stats import cpu_spent, tree_cpu_s
+
+
+def test_cpu_spent_is_per_process_and_leaves_idle_ones_out() -> None:
+    before = {1: ("benchmark[1]", 10.0), 2: ("VLLM::EngineCore[2]", 5.0), 3: ("idle[3]", 1.0)}
+    after = {1: ("benchmark[1]", 12.5), 2: ("VLLM::EngineCore[2]", 20.0), 3: ("idle[3]", 1.01),
+             4: ("python[4]", 0.7)}  # started during the pass: all its time counts
+    assert cpu_spent(before, after) == {"VLLM::EngineCore[2]": 15.0, "benchmark[1]": 2.5, "python[4]": 0.7}
+    assert list(cpu_spent(before, after)) == ["VLLM::EngineCore[2]", "benchmark[1]", "python[4]"]  # most first
+
+
+def test_tree_cpu_s_sees_this_process_and_its_children() -> None:
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            snapshot = tree_cpu_s()
+            if child.pid in snapshot and snapshot[child.pid][1] >= 0.3:
+                break
+            time.sleep(0.1)
+        assert snapshot[os.getpid()][0] == f"benchmark[{os.getpid()}]"
+        assert snapshot[child.pid][1] >= 0.3, snapshot
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_ab_starts_alternate_so_a_drift_falls_on_both() -> None:
+    assert order(8) == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert order(3) == [0, 1, 1]
