@@ -234,7 +234,8 @@ class EngineConfig(Frozen):
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
     executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
-    worker queue takes (+15-20% research-loop throughput on 2 cores) but showed a worse p99 for
+    worker queue takes (+15-20% research-loop throughput on 2 cores before the fused CPU LoRA layers,
+    about the same as ``mp`` since, in separate runs) but showed a worse p99 for
     one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
 
 
