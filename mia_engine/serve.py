@@ -39,4 +39,9 @@ async def _serve(config: MIAConfig) -> None:
 
 
 def serve(config: MIAConfig) -> None:
-    uvloop.run(_serve(config))
+    try:
+        uvloop.run(_serve(config))
+    except KeyboardInterrupt:
+        # uvicorn shuts down on Ctrl-C, then raises the signal again for whoever else handles it; the
+        # shutdown is done by then (engines stopped, store closed), so a traceback would only alarm.
+        log.info("stopped (Ctrl-C)")
