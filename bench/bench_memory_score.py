@@ -400,7 +400,7 @@ def _on(bucket: Bucket, device: torch.device, batch: int) -> dict:
 
 def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[int] = (1, 16),
               device: str = "cuda", sweep: bool = False) -> str | None:
-    """Triton kernel at 1M×384 fp16 vs the floor (bytes it must read ÷ measured copy bandwidth); where
+    """Triton kernel at N×384 fp16 (1M by default) vs the floor (bytes it must read ÷ measured copy bandwidth); where
     its time goes (pass 1, pass 2 + merges, the winners' terms); torch on the same GPU; and, with
     ``sweep``, the launch sweeps of ``_gpu_sweep``."""
     target = torch.device(device)
