@@ -51,17 +51,24 @@ def _gathered_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.
     return out
 
 
+def token_groups(indices: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+    """The step's tokens by adapter slot: ``(slot, rows)``, rows None when one slot has every token;
+    tokens without an adapter (-1) are in no group. The wrapper computes it once per step
+    (``update_metadata``) for every LoRA layer of that step; a single grouped op computes its own."""
+    slots = torch.unique(indices).tolist()
+    if len(slots) == 1:
+        return [] if slots[0] < 0 else [(slots[0], None)]
+    return [(slot, (indices == slot).nonzero().squeeze(1)) for slot in slots if slot >= 0]
+
+
 def _grouped_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """One matmul per adapter present in the batch (a plain matmul when one adapter has all tokens)."""
     dtype = inputs.dtype
-    slots = torch.unique(indices).tolist()
-    if len(slots) == 1 and slots[0] >= 0:
-        return inputs @ weights[slots[0]].to(dtype).T
+    groups = token_groups(indices)
+    if len(groups) == 1 and groups[0][1] is None:
+        return inputs @ weights[groups[0][0]].to(dtype).T
     out = inputs.new_zeros((inputs.shape[0], weights.shape[1]))
-    for slot in slots:
-        if slot < 0:
-            continue
-        rows = (indices == slot).nonzero().squeeze(1)
+    for slot, rows in groups:
         out[rows] = inputs[rows] @ weights[slot].to(dtype).T
     return out
 
@@ -75,16 +82,6 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     if gathers(inputs.shape[0], weights.shape[1], weights.shape[2]):
         return _gathered_delta(inputs, weights, indices)
     return _grouped_delta(inputs, weights, indices)
-
-
-def token_groups(indices: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-    """The step's tokens by adapter slot: ``(slot, rows)``, rows None when one slot has every token;
-    tokens without an adapter (-1) are in no group. Computed once per step (``update_metadata``) and
-    used by every LoRA layer of that step, instead of once per op."""
-    slots = torch.unique(indices).tolist()
-    if len(slots) == 1:
-        return [] if slots[0] < 0 else [(slots[0], None)]
-    return [(slot, (indices == slot).nonzero().squeeze(1)) for slot in slots if slot >= 0]
 
 
 def lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...],
