@@ -37,7 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peer import ServedRoles  # noqa: E402
-from bench.servers import launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
+from bench.servers import launch_mia, launch_vllm  # noqa: E402
 from bench.stats import cpu_spent, percentile, report, tree_cpu_s  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
@@ -48,7 +48,6 @@ from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E40
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import model_dir  # noqa: E402
-from mia_engine.engines.startup import spawn_env  # noqa: E402
 from mia_engine.onednn_cache import bound_this_process  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
@@ -142,9 +141,8 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     """``vllm serve`` with runtime LoRA loading, and the concurrent agent over it with its own learner."""
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
-    server = launch_vllm(tmp, base, "tiny", *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops),
-                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-                              **spawn_env(engine)})  # as ours: oneDNN cache bound, and `uni` kept (see servers.py)
+    server = launch_vllm(tmp, base, "tiny", engine, same_cpu_lora_ops=same_cpu_lora_ops,
+                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
     await asyncio.to_thread(server.wait_ready)
     roles = ServedRoles(config, server.base_url, "tiny", base, default_home())
     await roles.start()

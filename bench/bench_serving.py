@@ -23,10 +23,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import Server, launch_mia, launch_vllm, vllm_engine_args  # noqa: E402
+from bench.servers import Server, launch_mia, launch_vllm  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
-from mia_engine.engines.startup import spawn_env  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import adapter_dir, model_dir  # noqa: E402
 
@@ -108,12 +107,12 @@ def main() -> None:
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
     planner = adapter_dir(config.roles["planner"].adapter, engine.model, default_home())
-    vllm_args = [*vllm_engine_args(engine), "--lora-modules", f"planner={planner}"]
     ours_model = "planner" if args.model == "planner" else "tiny"
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         servers = {"mia_engine": (launch_mia(logs, "tiny", *args.ours_set), ours_model),
-                   "vllm_serve": (launch_vllm(logs, base, "tiny", *vllm_args, env=spawn_env(engine)), ours_model)}
+                   "vllm_serve": (launch_vllm(logs, base, "tiny", engine, "--lora-modules", f"planner={planner}"),
+                                  ours_model)}
         try:
             for server, _ in servers.values():
                 server.wait_ready()

