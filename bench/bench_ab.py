@@ -44,6 +44,7 @@ async def one_start(args: argparse.Namespace) -> list[float]:
     config = load_config("tiny", {"data_dir": str(tmp / "ours"), **dotted_overrides(args.set)})
     ours = Services(config)
     await ours.start()
+    # bench_research.py's questions, written out: a helper added there would be missing from older trees
     questions = [f"Question {i}: which river flows through the capital city number {i}?"
                  for i in range(args.questions)]
     try:

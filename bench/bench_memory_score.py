@@ -513,9 +513,14 @@ def _checked(call: Callable[[], ScoreResult], want: torch.Tensor, device: torch.
         return f"failed: {type(err).__name__}", float("inf")
 
 
+def _ints(text: str) -> list[int]:
+    """A comma-separated list of integers (``--sizes 1000,10000``)."""
+    return [int(item) for item in text.split(",")]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000,10000,100000,1000000", help="comma-separated bucket sizes N")
+    parser.add_argument("--sizes", type=_ints, default="1000,10000,100000,1000000", help="comma-separated bucket sizes N")
     parser.add_argument("--dim", type=int, default=384, help="embedding width d")
     parser.add_argument("--batch", type=int, default=1, help="queries per call B")
     parser.add_argument("--k", type=int, default=4, help="memories per label")
@@ -527,9 +532,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-faiss", action="store_true", help="skip the FAISS baselines")
     parser.add_argument("--no-main", action="store_true", help="skip the main (baselines) table")
     parser.add_argument("--no-products", action="store_true", help="skip the two alternatives tables")
-    parser.add_argument("--gpu-entries", default="1000000",
+    parser.add_argument("--gpu-entries", type=_ints, default="1000000",
                         help="comma-separated bucket sizes N of the GPU section (one section each)")
-    parser.add_argument("--gpu-batches", default="1,16", help="comma-separated queries per call B of the GPU section")
+    parser.add_argument("--gpu-batches", type=_ints, default="1,16", help="comma-separated queries per call B of the GPU section")
     parser.add_argument("--gpu-device", default="cuda",
                         help="device of the GPU section (cpu with TRITON_INTERPRET=1: a smoke run of its code)")
     parser.add_argument("--gpu-sweep", action="store_true", help="time every launch of GPU_SWEEP (pass 1) and SCORE_SWEEP (pass 2) too")
@@ -543,24 +548,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         import faiss
 
         faiss.omp_set_num_threads(args.threads)
-    sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# memory_topk benchmark: d={args.dim}, B={args.batch}, k={args.k} per label, "
           f"{args.threads} threads, torch {torch.__version__}, fp32 keys unless noted, {args.stat} ms\n")
     if not args.no_main:
         rows = []
         for has_captions in [c.strip() == "yes" for c in args.captions.split(",")]:
-            for num_entries in sizes:
+            for num_entries in args.sizes:
                 rows.append(bench_size(num_entries, args, has_captions))
                 print(f"done N={num_entries:,} captions={has_captions}", file=sys.stderr, flush=True)
         print(format_main_table(rows, args.batch))
     if not args.no_products:
         print("\n## Similarity product alternatives (fp32, ms)\n")
-        print(bench_products(sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
+        print(bench_products(args.sizes, args.dim, sorted({1, 4, 16, args.batch}), args.stat))
         print("\n## Score + top-k step alternatives (from Sim, ms)\n")
-        print(bench_postprocess(sizes, args.batch, args.k, args.stat))
-    batches = [int(b) for b in args.gpu_batches.split(",")]
-    for num_entries in (int(n) for n in args.gpu_entries.split(",")):
-        gpu = bench_gpu(num_entries, args.dim, batches, device=args.gpu_device, sweep=args.gpu_sweep)
+        print(bench_postprocess(args.sizes, args.batch, args.k, args.stat))
+    for num_entries in args.gpu_entries:
+        gpu = bench_gpu(num_entries, args.dim, args.gpu_batches, device=args.gpu_device, sweep=args.gpu_sweep)
         print(f"\n## GPU (Triton, fp16 keys), N = {num_entries:,}\n")
         print(gpu if gpu is not None else "no CUDA device: skipped")
 

@@ -31,7 +31,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import launch_mia  # noqa: E402
-from bench.stats import report  # noqa: E402
+from bench.stats import process_tree, report  # noqa: E402
 from mia_engine.agent.judge import is_match  # noqa: E402
 
 
@@ -118,8 +118,7 @@ def tree_rss_mb(pid: int) -> dict[str, float]:
     """RSS of the server and each of its child processes (the engine core, its worker), by
     ``name[pid]``, in MB: what grows is told apart, not only the sum."""
     try:
-        process = psutil.Process(pid)
-        members = [process, *process.children(recursive=True)]
+        members = process_tree(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return {}
     rss = {}

@@ -23,12 +23,21 @@ def report(summary: Any, out: Path | None, **extra: Any) -> None:
         out.write_text(json.dumps({**extra, "summary": summary} if extra else summary, indent=2))
 
 
+def process_tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and every process under it (a server and the engine processes it spawned); [] once
+    ``root`` is gone. A member may still end before it is read: callers skip ``NoSuchProcess``."""
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def tree_cpu_s() -> dict[int, tuple[str, float]]:
     """CPU seconds (user + system) so far of this process and every process under it, by pid, with a
     label (``benchmark`` for this one, else the process name vLLM sets: ``VLLM::EngineCore``, ...)."""
     me = psutil.Process()
     times: dict[int, tuple[str, float]] = {}
-    for member in [me, *me.children(recursive=True)]:
+    for member in process_tree(me):
         try:
             cpu = member.cpu_times()
             label = "benchmark" if member.pid == me.pid else member.name()
