@@ -17,11 +17,14 @@ gate/up projection, every slice), through three Punica wrappers, one decode step
   vllm        vLLM's ``PunicaWrapperCPU`` on its own ops
   per-slice   vLLM's wrapper code on the grouped ops (a shrink and an expand per slice, each grouping
               the tokens again): what ran before the slices were fused
-  fused       ``GroupedPunicaWrapperCPU`` (what the engines run): one shrink and one expand per adapter
-              for all slices, the tokens grouped once per step
+  fused       ``GroupedPunicaWrapperCPU`` (what the engines run): the layer's adapters stacked once per
+              load, the tokens grouped once per step; one shrink and one expand for all slices and
+              (up to ``cpu_lora.MASKED_MAX_MACS``) all adapters of the step, masked
+  per-adapter the same wrapper forced to one shrink and one expand per adapter at every size
+  masked      the same wrapper forced to the masked product at every size
 
 Run:  python bench/bench_cpu_lora.py --out bench/results/cpu_lora.json
-      python bench/bench_cpu_lora.py --layers --out bench/results/cpu_lora_layers.json
+      python bench/bench_cpu_lora.py --layers --threads 1 --out bench/results/cpu_lora_layers.json
 or:   python -m pytest bench/bench_cpu_lora.py --benchmark-only   (pytest-benchmark)
 """
 
@@ -119,7 +122,26 @@ def layer_wrappers() -> dict[str, type]:
 
     from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU, _OnOurOps
 
-    return {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU}
+    return {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU,
+            "per-adapter": GroupedPunicaWrapperCPU, "masked": GroupedPunicaWrapperCPU}
+
+
+FORCED_MASKED_MAX_MACS = {"per-adapter": 0, "masked": 1 << 62}
+"""``cpu_lora.MASKED_MAX_MACS`` while a forced variant runs: where the two stacked paths cross."""
+
+
+def forced(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+    if name not in FORCED_MASKED_MAX_MACS:
+        return fn
+
+    def run_forced() -> object:
+        chosen, cpu_lora.MASKED_MAX_MACS = cpu_lora.MASKED_MAX_MACS, FORCED_MASKED_MAX_MACS[name]
+        try:
+            return fn()
+        finally:
+            cpu_lora.MASKED_MAX_MACS = chosen
+
+    return run_forced
 
 
 def layer_case(wrapper_class: type, hidden: int, rank: int, slices: tuple[int, ...], tokens: int,
@@ -145,7 +167,8 @@ def run_layers(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype)
     for model, (hidden, rank) in MODELS.items():
         for layer, slices in LAYERS[model].items():
             for count in tokens:
-                fns = {name: layer_case(cls, hidden, rank, slices, count, dtype) for name, cls in wrappers.items()}
+                fns = {name: forced(name, layer_case(cls, hidden, rank, slices, count, dtype))
+                       for name, cls in wrappers.items()}
                 samples: dict[str, list[float]] = {name: [] for name in fns}
                 for r in range(rounds):
                     for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
@@ -154,9 +177,8 @@ def run_layers(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype)
                 rows.append({"model": model, "layer": layer, "tokens": count, "us": us,
                              "per_slice_over_fused": us["per-slice"] / us["fused"],
                              "vllm_over_fused": us["vllm"] / us["fused"]})
-                print(f"{model:13s} {layer:7s} {count:4d} tokens  vllm {us['vllm']:8.1f}  per-slice "
-                      f"{us['per-slice']:8.1f}  fused {us['fused']:8.1f} us   per-slice/fused "
-                      f"{rows[-1]['per_slice_over_fused']:5.2f}", flush=True)
+                print(f"{model:13s} {layer:7s} {count:4d} tokens  " + "  ".join(f"{k} {v:8.1f}" for k, v in us.items())
+                      + f" us   per-slice/fused {rows[-1]['per_slice_over_fused']:5.2f}", flush=True)
     return rows
 
 
@@ -167,14 +189,19 @@ def main() -> None:
     parser.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--layers", action="store_true", help="time whole LoRA layers through the wrappers")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); vLLM's CPU model worker runs one per core it holds")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = (run_layers if args.layers else run)(args.tokens, args.rounds, args.min_s, getattr(torch, args.dtype))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                         "torch_threads": torch.get_num_threads(),
-                                        "gather_max_elements": cpu_lora.GATHER_MAX_ELEMENTS, "rows": rows}, indent=1))
+                                        "gather_max_elements": cpu_lora.GATHER_MAX_ELEMENTS,
+                                        "masked_max_macs": cpu_lora.MASKED_MAX_MACS, "rows": rows}, indent=1))
 
 
 # ---- pytest-benchmark entry points (python -m pytest bench/bench_cpu_lora.py --benchmark-only) ----------

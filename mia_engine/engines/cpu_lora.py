@@ -11,8 +11,9 @@ one. These replacements group the tokens by adapter and do one matmul per adapte
 ``masked_fill_`` in ``_lora_delta``); its regression test is
 ``tests/engines/test_cpu_lora.py::test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded``,
 which fails on vLLM's ops with the last slot loaded. A linear layer's LoRA (``lora_linear``) goes
-further: all its slices (q, k, v) in one shrink and one expand per adapter, the tokens grouped once
-per step (bench/RESULTS.md section 2, fifteenth session).
+further: all its slices (q, k, v) and, in small steps, all adapters of the step in one shrink and one
+expand, on the adapters stacked once per load, the tokens grouped once per step (bench/RESULTS.md
+section 2, fifteenth and sixteenth sessions).
 
 How they reach vLLM, through its extension points and nothing else: ``platform_plugin`` (the
 ``vllm.platform_plugins`` entry point) makes a CPU build of vLLM use ``engines/cpu_platform.py``, vLLM's
@@ -84,25 +85,108 @@ def _lora_delta(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tens
     return _grouped_delta(inputs, weights, indices)
 
 
-def lora_linear(y: torch.Tensor, x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...],
-                scale: float, output_slices: tuple[int, ...], groups: list[tuple[int, torch.Tensor | None]]) -> None:
+class StackedLayer:
+    """A LoRA linear layer's adapters, every slot and slice, as one shrink and one expand matrix.
+
+    vLLM keeps one ``(slots, 1, rank, in)`` A and one ``(slots, 1, out, rank)`` B per slice and writes a
+    slot in place when it loads an adapter. Rebuilding the stacked layout per layer and step cost about
+    a fifth of ``lora_linear``'s time, so it is kept and rebuilt only when one of vLLM's tensors was
+    written since (their version counters, which every in-place write bumps). Columns are slot-major:
+    slot ``s``'s slice ``i`` is rank block ``s * slices + i``, so a run of slots is a contiguous view."""
+
+    def __init__(self, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...]) -> None:
+        self.sources = lora_a + lora_b
+        self.versions = self._versions(self.sources)
+        slots, rank = lora_a[0].shape[0], lora_a[0].shape[-2]
+        self.block = len(lora_a) * rank  # one slot's columns
+        self.a = torch.stack([w.reshape(slots, rank, w.shape[-1]) for w in lora_a], 1).reshape(slots * self.block, -1)
+        b = [w.reshape(slots, w.shape[-2], rank) for w in lora_b]
+        self.b = b[0].new_zeros(sum(w.shape[1] for w in b), slots * self.block)
+        row = 0
+        for i, w in enumerate(b):
+            for slot in range(slots):
+                column = slot * self.block + i * rank
+                self.b[row: row + w.shape[1], column: column + rank] = w[slot]
+            row += w.shape[1]
+
+    @staticmethod
+    def _versions(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+        return tuple(t._version for t in tensors)
+
+    def current(self, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...]) -> bool:
+        """Whether this was built from these very tensors, unwritten since."""
+        sources = lora_a + lora_b
+        return (len(sources) == len(self.sources) and all(s is t for s, t in zip(sources, self.sources))
+                and self._versions(sources) == self.versions)
+
+
+class StepTokens:
+    """One step's tokens by adapter slot, computed once per step for every LoRA layer of that step:
+    the groups (``token_groups``), the run of slots present, and per slot width the 0/1 mask that
+    keeps each token's own slot's columns."""
+
+    def __init__(self, indices: torch.Tensor) -> None:
+        self.indices = indices
+        self.groups = token_groups(indices)
+        present = [slot for slot, _ in self.groups]
+        self.first, self.last = (min(present), max(present)) if present else (0, -1)
+        self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+    def mask(self, block: int, dtype: torch.dtype) -> torch.Tensor:
+        """(tokens, slots first..last × block): 1 in the token's own slot's columns, 0 elsewhere."""
+        if (block, dtype) not in self._masks:
+            onehot = torch.zeros(self.indices.shape[0], self.last - self.first + 1, dtype=dtype)
+            for slot, rows in self.groups:
+                onehot[slice(None) if rows is None else rows, slot - self.first] = 1
+            self._masks[block, dtype] = onehot.repeat_interleave(block, dim=1)
+        return self._masks[block, dtype]
+
+
+MASKED_MAX_MACS = 1 << 25
+"""Up to this many multiply-adds (tokens × the slot run's columns × (in + out)), one masked shrink and
+expand over the run of slots present beats one per adapter: fewer, larger ops, though each token also
+goes through the other slots' columns and the tokens without an adapter through all of them.
+Measured (bench/bench_cpu_lora.py --layers, bench/RESULTS.md section 2)."""
+
+
+def lora_linear(y: torch.Tensor, x: torch.Tensor, layer: StackedLayer, scale: float, step: StepTokens) -> None:
     """``y += x @ A_s.T @ B_s.T * scale`` per token (s its slot), every output slice of a layer at once.
 
     vLLM's wrapper runs one shrink and one expand per slice (q, k, v: six ops, each grouping the tokens
-    again); here each adapter present costs one shrink over all slices' A stacked and one expand through
-    the slices' B laid out block-diagonally. Rounding as vLLM's: the shrink in float32 (its buffer), the
-    expand in ``y``'s dtype."""
-    width = sum(output_slices)
-    for slot, rows in groups:
-        tokens = x if rows is None else x[rows]
-        a = torch.cat([w[slot].reshape(-1, w.shape[-1]) for w in lora_a])  # (slices × rank, in)
-        shrunk = (tokens.float() @ a.float().T).mul_(scale).to(y.dtype)
-        b = torch.block_diag(*(w[slot].reshape(-1, w.shape[-1]) for w in lora_b)).to(y.dtype)  # (out, slices × rank)
-        delta = shrunk @ b.T
+    again). Here the layer's slots are stacked (``StackedLayer``), and a step costs one shrink and one
+    expand over the run of slots present, each token's other slots masked out, or, in large steps
+    with several adapters, one shrink and one expand per adapter. Rounding as vLLM's, but for the
+    last add: the shrink rounded once to the layer's dtype (its float32 buffer, read in that dtype),
+    the expand accumulated in float32 and added to ``y`` with one rounding (vLLM rounds the product,
+    then the sum: at most half a unit in the last place apart)."""
+    if not step.groups:
+        return
+    out = y[:, : layer.b.shape[0]]
+    columns = slice(step.first * layer.block, (step.last + 1) * layer.block)
+    whole = len(step.groups) == 1 and step.groups[0][1] is None
+    if whole or x.shape[0] * (columns.stop - columns.start) * (x.shape[1] + out.shape[1]) <= MASKED_MAX_MACS:
+        shrunk = _shrink(x, layer.a[columns], scale, y.dtype)
+        if not whole:
+            shrunk.mul_(step.mask(layer.block, y.dtype))
+        out.addmm_(shrunk, layer.b[:, columns].to(y.dtype).T)
+        return
+    for slot, rows in step.groups:
+        block = slice(slot * layer.block, (slot + 1) * layer.block)
+        shrunk = _shrink(x if rows is None else x[rows], layer.a[block], scale, y.dtype)
+        b = layer.b[:, block].to(y.dtype)
         if rows is None:
-            y[:, :width] += delta
+            out.addmm_(shrunk, b.T)
         else:
-            y[:, :width].index_add_(0, rows, delta)
+            out.index_add_(0, rows, shrunk @ b.T)
+
+
+def _shrink(x: torch.Tensor, a: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``x @ a.T * scale`` rounded once to ``dtype``: a GEMM in ``dtype`` accumulates in float32, as
+    vLLM's float32 shrink does; a scale other than 1 needs the float32 product first."""
+    if scale == 1.0 or dtype == torch.float32:
+        shrunk = x.to(dtype) @ a.to(dtype).T
+        return shrunk if scale == 1.0 else shrunk.mul_(scale)
+    return (x.float() @ a.float().T).mul_(scale).to(dtype)
 
 
 def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,

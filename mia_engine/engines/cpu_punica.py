@@ -17,7 +17,7 @@ import torch
 
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from .cpu_lora import OPS, lora_linear, token_groups
+from .cpu_lora import OPS, StackedLayer, StepTokens, lora_linear
 
 
 def _on_ops(function: types.FunctionType, ops: dict[str, object]) -> types.FunctionType:
@@ -58,21 +58,28 @@ class GroupedPunicaWrapperCPU(_OnOurOps):
 
     The tokens are grouped by adapter once per step (``update_metadata``); ``add_lora_linear``, called
     for each LoRA layer (q/k/v, o, gate/up, down in every decoder layer), then costs one shrink and one
-    expand per adapter present instead of two grouped ops per slice (``cpu_lora.lora_linear``). The
+    expand for all slices (``cpu_lora.lora_linear``), on the layer's adapters stacked once and kept
+    until vLLM writes a slot (``cpu_lora.StackedLayer``), instead of two grouped ops per slice. The
     embedding and logits LoRA stay on vLLM's code over the grouped ops."""
 
-    _groups: list | None = None
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._step: StepTokens | None = None
+        self._layers: dict[int, StackedLayer] = {}  # by the layer's first A tensor, kept across steps
 
     def update_metadata(self, *args: object, **kwargs: object) -> None:
         super().update_metadata(*args, **kwargs)
-        self._groups = token_groups(self.token_lora_indices)
+        self._step = StepTokens(self.token_lora_indices)
 
     def add_lora_linear(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
                         lora_b_stacked: tuple[torch.Tensor, ...], scale: float, output_slices: tuple[int, ...],
                         *, buffer: tuple[torch.Tensor, ...] | None = None, **kwargs: object) -> None:
         x = x.view(-1, x.shape[-1])
-        if self._groups is None or x.shape[0] != self.token_lora_indices.shape[0]:  # not this step's tokens
+        if self._step is None or x.shape[0] != self._step.indices.shape[0]:  # not this step's tokens
             super().add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
                                     **kwargs)
             return
-        lora_linear(y.view(-1, y.shape[-1]), x, lora_a_stacked, lora_b_stacked, scale, output_slices, self._groups)
+        layer = self._layers.get(id(lora_a_stacked[0]))
+        if layer is None or not layer.current(lora_a_stacked, lora_b_stacked):
+            layer = self._layers[id(lora_a_stacked[0])] = StackedLayer(lora_a_stacked, lora_b_stacked)
+        lora_linear(y.view(-1, y.shape[-1]), x, layer, scale, self._step)

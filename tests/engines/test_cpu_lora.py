@@ -165,6 +165,37 @@ def test_a_layer_with_every_slice_at_once_matches_vllms_wrapper(num_tokens: int,
     assert torch.equal(ours, untouched) == (mix == "none")  # the adapters did change the layer's output
 
 
+def test_a_slot_loaded_again_is_used_at_the_next_step() -> None:
+    """The grouped wrapper keeps each layer's adapters stacked across steps; vLLM loading an adapter
+    into a slot (an in-place write, as ``set_lora`` does) must reach the very next step, in both the
+    masked (small) and the per-adapter (large) step, and an untouched layer keeps its stacked copy."""
+    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+
+    slices = (OUT, OUT // 2, OUT // 2)
+    a = tuple(_weights((SLOTS, 1, RANK, HIDDEN), 40 + i).to(torch.bfloat16) for i in range(3))
+    b = tuple(_weights((SLOTS, 1, size, RANK), 50 + i).to(torch.bfloat16) for i, size in enumerate(slices))
+    ours = GroupedPunicaWrapperCPU(max_num_batched_tokens=1024, max_batches=64, device="cpu")
+    theirs = punica_cpu.PunicaWrapperCPU(max_num_batched_tokens=1024, max_batches=64, device="cpu")
+    for num_tokens in (5, 600):
+        ids = [[11, 12, 0][i % 3] for i in range(num_tokens)]
+        x = torch.randn(num_tokens, HIDDEN, generator=torch.Generator().manual_seed(num_tokens)).to(torch.bfloat16)
+        for step in range(3):
+            if step == 1:  # a new adapter version loaded into slot 1 between two steps
+                for w in a + b:
+                    w[1, 0].copy_(torch.randn(w.shape[2:], generator=torch.Generator().manual_seed(60 + num_tokens)))
+            outputs = []
+            for wrapper in (ours, theirs):
+                wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, None, None], SLOTS, 1000)
+                y = torch.zeros(num_tokens, sum(slices), dtype=torch.bfloat16)
+                wrapper.add_lora_linear(y, x, a, b, 1.0, slices)
+                outputs.append(y)
+            torch.testing.assert_close(*outputs)
+        assert len(ours._layers) == 1
+
+
 def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
     """A vLLM whose CPU wrapper renamed an op: grouped ops asked for fail the engine's start, by name."""
     from mia_engine.engines.cpu_punica import with_ops
