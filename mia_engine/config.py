@@ -293,6 +293,12 @@ class MIAConfig(Frozen):
     """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
+    cpu_keep_off_model_cores: bool = True
+    """On CPU, once the engines have started, move this process's threads and the engines' scheduler
+    processes off the cores vLLM pinned its model workers to (``engines/cpu_placement.py``): vLLM
+    reserves the other cores for them but pins nothing there, and the OS kept putting them on the
+    worker's core (1.10x research-loop throughput on 2 cores, bench/RESULTS.md section 2). Nothing
+    moves on GPU engines or the ``uni`` executor (no worker is pinned)."""
     cpu_onednn_cache_capacity: int = 128
     """The same bound as the engines', for the process the command runs in (``serve``, ``eval``, ...):
     its sentence encoder and learner run bf16 matmuls on a CPU with native bf16, and every new batch

@@ -15,6 +15,7 @@ from typing import Any
 from .agent.handle import AgentHandle
 from .agent.records import Rollout
 from .config import MIAConfig, resolve_role
+from .engines.cpu_placement import keep_off_model_cores
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
 from .learner.ttl import TestTimeLearner, rollout_samples
@@ -70,6 +71,8 @@ class Services:
             await tools
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
+        if self.config.cpu_keep_off_model_cores:  # after the passage index, whose build uses every core
+            keep_off_model_cores()
         await self._start_learner()
         await self.agent.start(self.roles, self.memory, self._learn if self.learner.is_ready else None)
 
