@@ -22,9 +22,16 @@ gate/up projection, every slice), through three Punica wrappers, one decode step
               (up to ``cpu_lora.MASKED_MAX_MACS``) all adapters of the step, masked
   per-adapter the same wrapper forced to one shrink and one expand per adapter at every size
   masked      the same wrapper forced to the masked product at every size
+Each timing repeats one token count, so oneDNN keeps the primitive it built for that shape: this
+flatters the bf16 matmuls (``vllm``, ``per-slice``) against serving, where the count changes every
+step and a bf16 matmul builds a new primitive (the fused layer computes in float32 for that reason,
+``cpu_lora.StackedLayer``). ``--vary`` times what serving sees: each call a different token count
+around the nominal one, more counts than the oneDNN caches keep (set their capacity as the engines do:
+``ONEDNN_PRIMITIVE_CACHE_CAPACITY=128 LRU_CACHE_CAPACITY=128``). ``--threads 1`` is what vLLM's CPU
+worker runs on a 2-core machine.
 
 Run:  python bench/bench_cpu_lora.py --out bench/results/cpu_lora.json
-      python bench/bench_cpu_lora.py --layers --threads 1 --out bench/results/cpu_lora_layers.json
+      python bench/bench_cpu_lora.py --layers --threads 1 --vary --tokens 128 512 2048 --out bench/results/cpu_lora_layers.json
 or:   python -m pytest bench/bench_cpu_lora.py --benchmark-only   (pytest-benchmark)
 """
 
@@ -122,8 +129,10 @@ def layer_wrappers() -> dict[str, type]:
 
     from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU, _OnOurOps
 
-    return {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU,
-            "per-adapter": GroupedPunicaWrapperCPU, "masked": GroupedPunicaWrapperCPU}
+    wrappers = {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU}
+    if hasattr(cpu_lora, "MASKED_MAX_MACS"):  # (a tree from before the stacked layers has one path)
+        wrappers |= {"per-adapter": GroupedPunicaWrapperCPU, "masked": GroupedPunicaWrapperCPU}
+    return wrappers
 
 
 FORCED_MASKED_MAX_MACS = {"per-adapter": 0, "masked": 1 << 62}
@@ -144,37 +153,57 @@ def forced(name: str, fn: Callable[[], object]) -> Callable[[], object]:
     return run_forced
 
 
+VARIED_COUNTS = 256
+"""With ``--vary``, each call takes the next of this many token counts around the nominal one (from
+``max(1, tokens - 128)``, so the nominal count is their mean from 128 tokens up): more distinct shapes
+than the engines' oneDNN caches keep (``cpu_onednn_cache_capacity``, 128), as in serving, where the
+count changes every step."""
+
+
 def layer_case(wrapper_class: type, hidden: int, rank: int, slices: tuple[int, ...], tokens: int,
-               dtype: torch.dtype) -> Callable[[], object]:
+               dtype: torch.dtype, vary: bool = False) -> Callable[[], object]:
     """One decode step's ``add_lora_linear`` through ``wrapper_class``, tokens spread over Planner,
-    Executor and none (LoRA ids 11, 12, 0) as in ``case``."""
+    Executor and none (LoRA ids 11, 12, 0) as in ``case``; with ``vary``, a different token count per
+    call (``VARIED_COUNTS`` steps, each with its own wrapper metadata, cycled)."""
     from vllm.lora.layers import LoRAMapping
 
     g = torch.Generator().manual_seed(0)
-    ids = [(0, 11, 12)[i] for i in torch.randint(0, 3, (tokens,), generator=g).tolist()]
-    wrapper = wrapper_class(max_num_batched_tokens=4096, max_batches=256, device="cpu")
-    wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, 13, None], SLOTS, 1000)
-    x = torch.randn(tokens, hidden, generator=g).to(dtype)
     a = tuple(torch.randn(SLOTS, 1, rank, hidden, generator=g).to(dtype) for _ in slices)
     b = tuple(torch.randn(SLOTS, 1, size, rank, generator=g).to(dtype) for size in slices)
-    y = torch.zeros(tokens, sum(slices), dtype=dtype)
-    return lambda: wrapper.add_lora_linear(y, x, a, b, 1.0, slices)
+    low = max(1, tokens - VARIED_COUNTS // 2)
+    steps = []
+    for count in (range(low, low + VARIED_COUNTS) if vary else [tokens]):
+        ids = [(0, 11, 12)[i] for i in torch.randint(0, 3, (count,), generator=g).tolist()]
+        wrapper = wrapper_class(max_num_batched_tokens=4096, max_batches=256, device="cpu")
+        wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, 13, None], SLOTS, 1000)
+        steps.append((wrapper, torch.randn(count, hidden, generator=g).to(dtype),
+                      torch.zeros(count, sum(slices), dtype=dtype)))
+    turn = iter(range(1 << 62))
+
+    def one_call() -> object:
+        wrapper, x, y = steps[next(turn) % len(steps)]
+        return wrapper.add_lora_linear(y, x, a, b, 1.0, slices)
+
+    for _ in steps:  # each wrapper's first call (the fused one stacks the adapters then)
+        one_call()
+    return one_call
 
 
-def run_layers(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> list[dict[str, object]]:
+def run_layers(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype,
+               vary: bool = False) -> list[dict[str, object]]:
     rows = []
     wrappers = layer_wrappers()
     for model, (hidden, rank) in MODELS.items():
         for layer, slices in LAYERS[model].items():
             for count in tokens:
-                fns = {name: forced(name, layer_case(cls, hidden, rank, slices, count, dtype))
+                fns = {name: forced(name, layer_case(cls, hidden, rank, slices, count, dtype, vary))
                        for name, cls in wrappers.items()}
                 samples: dict[str, list[float]] = {name: [] for name in fns}
                 for r in range(rounds):
                     for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
                         samples[name].append(time_us(fns[name], min_s))
                 us = {name: statistics.median(v) for name, v in samples.items()}
-                rows.append({"model": model, "layer": layer, "tokens": count, "us": us,
+                rows.append({"model": model, "layer": layer, "tokens": count, "varied": vary, "us": us,
                              "per_slice_over_fused": us["per-slice"] / us["fused"],
                              "vllm_over_fused": us["vllm"] / us["fused"]})
                 print(f"{model:13s} {layer:7s} {count:4d} tokens  " + "  ".join(f"{k} {v:8.1f}" for k, v in us.items())
@@ -189,13 +218,17 @@ def main() -> None:
     parser.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--layers", action="store_true", help="time whole LoRA layers through the wrappers")
+    parser.add_argument("--vary", action="store_true",
+                        help="with --layers: a different token count per call, as in serving (VARIED_COUNTS)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default); vLLM's CPU model worker runs one per core it holds")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = (run_layers if args.layers else run)(args.tokens, args.rounds, args.min_s, getattr(torch, args.dtype))
+    dtype = getattr(torch, args.dtype)
+    rows = (run_layers(args.tokens, args.rounds, args.min_s, dtype, args.vary) if args.layers
+            else run(args.tokens, args.rounds, args.min_s, dtype))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},

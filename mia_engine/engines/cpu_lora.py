@@ -92,22 +92,39 @@ class StackedLayer:
     slot in place when it loads an adapter. Rebuilding the stacked layout per layer and step cost about
     a fifth of ``lora_linear``'s time, so it is kept and rebuilt only when one of vLLM's tensors was
     written since (their version counters, which every in-place write bumps). Columns are slot-major:
-    slot ``s``'s slice ``i`` is rank block ``s * slices + i``, so a run of slots is a contiguous view."""
+    slot ``s``'s slice ``i`` is rank block ``s * slices + i``, so a run of slots is a contiguous view.
+
+    Float32 for the shrink and for small expands: a bf16 matmul on CPU goes through oneDNN, which
+    builds a primitive per input shape, and the step's token count changes every step. Measured with
+    varying token counts (1 thread, as vLLM's CPU worker runs): 527 µs per bf16 shrink + expand of 1-256
+    tokens against 78 µs in float32. Large expands (``NATIVE_EXPAND_MIN_ELEMENTS``) write so much that
+    the layer's own dtype wins despite that, so B is also kept in it (``b_native``, built on first use)."""
 
     def __init__(self, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...]) -> None:
         self.sources = lora_a + lora_b
         self.versions = self._versions(self.sources)
         slots, rank = lora_a[0].shape[0], lora_a[0].shape[-2]
         self.block = len(lora_a) * rank  # one slot's columns
-        self.a = torch.stack([w.reshape(slots, rank, w.shape[-1]) for w in lora_a], 1).reshape(slots * self.block, -1)
+        self.a = torch.stack([w.reshape(slots, rank, w.shape[-1]) for w in lora_a], 1).reshape(
+            slots * self.block, -1).float()
         b = [w.reshape(slots, w.shape[-2], rank) for w in lora_b]
-        self.b = b[0].new_zeros(sum(w.shape[1] for w in b), slots * self.block)
+        self.b = torch.zeros(sum(w.shape[1] for w in b), slots * self.block)
         row = 0
         for i, w in enumerate(b):
             for slot in range(slots):
                 column = slot * self.block + i * rank
                 self.b[row: row + w.shape[1], column: column + rank] = w[slot]
             row += w.shape[1]
+
+        self._native: torch.Tensor | None = None
+        self._native_dtype = lora_b[0].dtype
+
+    @property
+    def b_native(self) -> torch.Tensor:
+        """B in the adapters' own dtype, for large expands."""
+        if self._native is None:
+            self._native = self.b.to(self._native_dtype)
+        return self._native
 
     @staticmethod
     def _versions(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
@@ -130,23 +147,33 @@ class StepTokens:
         self.groups = token_groups(indices)
         present = [slot for slot, _ in self.groups]
         self.first, self.last = (min(present), max(present)) if present else (0, -1)
-        self._masks: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._masks: dict[int, torch.Tensor] = {}
 
-    def mask(self, block: int, dtype: torch.dtype) -> torch.Tensor:
+    def mask(self, block: int) -> torch.Tensor:
         """(tokens, slots first..last × block): 1 in the token's own slot's columns, 0 elsewhere."""
-        if (block, dtype) not in self._masks:
-            onehot = torch.zeros(self.indices.shape[0], self.last - self.first + 1, dtype=dtype)
+        if block not in self._masks:
+            onehot = torch.zeros(self.indices.shape[0], self.last - self.first + 1)
             for slot, rows in self.groups:
                 onehot[slice(None) if rows is None else rows, slot - self.first] = 1
-            self._masks[block, dtype] = onehot.repeat_interleave(block, dim=1)
-        return self._masks[block, dtype]
+            self._masks[block] = onehot.repeat_interleave(block, dim=1)
+        return self._masks[block]
 
 
-MASKED_MAX_MACS = 1 << 25
+MASKED_MAX_MACS = 1 << 22
 """Up to this many multiply-adds (tokens × the slot run's columns × (in + out)), one masked shrink and
-expand over the run of slots present beats one per adapter: fewer, larger ops, though each token also
-goes through the other slots' columns and the tokens without an adapter through all of them.
-Measured (bench/bench_cpu_lora.py --layers, bench/RESULTS.md section 2)."""
+expand over the run of slots present beats one per adapter: fewer ops, though each token also goes
+through the other slots' columns. Measured on both models' q/k/v and gate/up layers, one thread, two
+adapters and base-model tokens in the step: the two cross between 2.4M and 4.7M (~200 tokens on the
+tiny model, ~30 on SmolLM2-135M; bench/bench_cpu_lora.py --layers, bench/RESULTS.md section 2)."""
+
+
+NATIVE_EXPAND_MIN_ELEMENTS = 300_000
+"""From this many output elements (tokens × the layer's output width) an expand runs in the layer's
+dtype (bf16 through oneDNN), below it in float32. Measured with a new token count every call, one
+thread, against the bf16 expand of before: float32 was 1.4-2.7x faster up to 262k elements (the tiny
+model's layers at 128-512 tokens, SmolLM2's q/k/v at 128), level at 0.5-1M on the tiny model, and
+0.7-0.8x from 393k on SmolLM2 (gate/up at 128 tokens and up, q/k/v at 2048) (bench/bench_cpu_lora.py
+--layers --vary, bench/RESULTS.md section 2)."""
 
 
 def lora_linear(y: torch.Tensor, x: torch.Tensor, layer: StackedLayer, scale: float, step: StepTokens) -> None:
@@ -155,38 +182,43 @@ def lora_linear(y: torch.Tensor, x: torch.Tensor, layer: StackedLayer, scale: fl
     vLLM's wrapper runs one shrink and one expand per slice (q, k, v: six ops, each grouping the tokens
     again). Here the layer's slots are stacked (``StackedLayer``), and a step costs one shrink and one
     expand over the run of slots present, each token's other slots masked out, or, in large steps
-    with several adapters, one shrink and one expand per adapter. Rounding as vLLM's, but for the
-    last add: the shrink rounded once to the layer's dtype (its float32 buffer, read in that dtype),
-    the expand accumulated in float32 and added to ``y`` with one rounding (vLLM rounds the product,
-    then the sum: at most half a unit in the last place apart)."""
+    with several adapters, one shrink and one expand per adapter. Rounding as vLLM's: the shrink in
+    float32 (its buffer), read in the layer's dtype; the expand accumulated in float32, rounded to that
+    dtype, then added to ``y``."""
     if not step.groups:
         return
     out = y[:, : layer.b.shape[0]]
     columns = slice(step.first * layer.block, (step.last + 1) * layer.block)
     whole = len(step.groups) == 1 and step.groups[0][1] is None
     if whole or x.shape[0] * (columns.stop - columns.start) * (x.shape[1] + out.shape[1]) <= MASKED_MAX_MACS:
-        shrunk = _shrink(x, layer.a[columns], scale, y.dtype)
+        shrunk = x.float() @ layer.a[columns].T
         if not whole:
-            shrunk.mul_(step.mask(layer.block, y.dtype))
-        out.addmm_(shrunk, layer.b[:, columns].to(y.dtype).T)
+            shrunk.mul_(step.mask(layer.block))
+        _add_expanded(out, None, shrunk, layer, columns, scale)
         return
     for slot, rows in step.groups:
         block = slice(slot * layer.block, (slot + 1) * layer.block)
-        shrunk = _shrink(x if rows is None else x[rows], layer.a[block], scale, y.dtype)
-        b = layer.b[:, block].to(y.dtype)
-        if rows is None:
-            out.addmm_(shrunk, b.T)
-        else:
-            out.index_add_(0, rows, shrunk @ b.T)
+        shrunk = (x if rows is None else x[rows]).float() @ layer.a[block].T
+        _add_expanded(out, rows, shrunk, layer, block, scale)
 
 
-def _shrink(x: torch.Tensor, a: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``x @ a.T * scale`` rounded once to ``dtype``: a GEMM in ``dtype`` accumulates in float32, as
-    vLLM's float32 shrink does; a scale other than 1 needs the float32 product first."""
-    if scale == 1.0 or dtype == torch.float32:
-        shrunk = x.to(dtype) @ a.to(dtype).T
-        return shrunk if scale == 1.0 else shrunk.mul_(scale)
-    return (x.float() @ a.float().T).mul_(scale).to(dtype)
+def _add_expanded(out: torch.Tensor, rows: torch.Tensor | None, shrunk: torch.Tensor, layer: StackedLayer,
+                  columns: slice, scale: float) -> None:
+    """``out[rows] += shrunk * scale @ B[:, columns].T``, the float32 shrink read in ``out``'s dtype as
+    vLLM's buffer is, the product rounded to that dtype before the add as vLLM's is."""
+    if scale != 1.0:
+        shrunk.mul_(scale)
+    dtype = out.dtype
+    if dtype != torch.float32 and shrunk.shape[0] * out.shape[1] >= NATIVE_EXPAND_MIN_ELEMENTS:
+        delta = shrunk.to(dtype) @ layer.b_native[:, columns].T
+    else:
+        if dtype != torch.float32:
+            shrunk = shrunk.to(dtype).float()
+        delta = (shrunk @ layer.b[:, columns].T).to(dtype)
+    if rows is None:
+        out.add_(delta)
+    else:
+        out.index_add_(0, rows, delta)
 
 
 def bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,

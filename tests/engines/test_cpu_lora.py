@@ -132,14 +132,14 @@ def _linear_through(wrapper_class: type, ids: list[int], is_prefill: bool, x: to
     ids ``ids`` (0: none), slots loaded as vLLM's model manager does (``lora_index_to_id``)."""
     from vllm.lora.layers import LoRAMapping
 
-    wrapper = wrapper_class(max_num_batched_tokens=1024, max_batches=64, device="cpu")
+    wrapper = wrapper_class(max_num_batched_tokens=2048, max_batches=64, device="cpu")
     wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=is_prefill), [11, 12, 13, None], SLOTS, 1000)
     y = torch.randn(len(ids), sum(slices), generator=torch.Generator().manual_seed(9))
     wrapper.add_lora_linear(y, x, a, b, 0.5, slices)
     return y
 
 
-@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+@pytest.mark.parametrize("num_tokens", [1, 7, 300, 1600])
 @pytest.mark.parametrize("is_prefill", [False, True])
 @pytest.mark.parametrize("mix", ["mixed", "one adapter", "none"])
 def test_a_layer_with_every_slice_at_once_matches_vllms_wrapper(num_tokens: int, is_prefill: bool, mix: str) -> None:
@@ -167,19 +167,20 @@ def test_a_layer_with_every_slice_at_once_matches_vllms_wrapper(num_tokens: int,
 
 def test_a_slot_loaded_again_is_used_at_the_next_step() -> None:
     """The grouped wrapper keeps each layer's adapters stacked across steps; vLLM loading an adapter
-    into a slot (an in-place write, as ``set_lora`` does) must reach the very next step, in both the
-    masked (small) and the per-adapter (large) step, and an untouched layer keeps its stacked copy."""
+    into a slot (an in-place write, as ``set_lora`` does) must reach the very next step, in the masked
+    (small) and the per-adapter (large) step, with the expand in float32 or in bf16 (B kept in both),
+    and an untouched layer keeps its stacked copy."""
     from vllm.lora.layers import LoRAMapping
     from vllm.lora.punica_wrapper import punica_cpu
 
     from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
 
-    slices = (OUT, OUT // 2, OUT // 2)
+    slices = (8 * OUT, 4 * OUT, 4 * OUT)  # wide enough for a bf16 expand at 1600 tokens
     a = tuple(_weights((SLOTS, 1, RANK, HIDDEN), 40 + i).to(torch.bfloat16) for i in range(3))
     b = tuple(_weights((SLOTS, 1, size, RANK), 50 + i).to(torch.bfloat16) for i, size in enumerate(slices))
-    ours = GroupedPunicaWrapperCPU(max_num_batched_tokens=1024, max_batches=64, device="cpu")
-    theirs = punica_cpu.PunicaWrapperCPU(max_num_batched_tokens=1024, max_batches=64, device="cpu")
-    for num_tokens in (5, 600):
+    ours = GroupedPunicaWrapperCPU(max_num_batched_tokens=2048, max_batches=64, device="cpu")
+    theirs = punica_cpu.PunicaWrapperCPU(max_num_batched_tokens=2048, max_batches=64, device="cpu")
+    for num_tokens in (5, 600, 1600):  # masked; per adapter; per adapter with the expand in bf16
         ids = [[11, 12, 0][i % 3] for i in range(num_tokens)]
         x = torch.randn(num_tokens, HIDDEN, generator=torch.Generator().manual_seed(num_tokens)).to(torch.bfloat16)
         for step in range(3):
