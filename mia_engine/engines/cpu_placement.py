@@ -9,9 +9,9 @@ waits. Measured on 2 cores (bench/RESULTS.md section 2): the worker's core was ~
 others moved off it, 100%, and the research benchmark ran 1.10x faster.
 
 Which cores the workers have is read from the processes themselves, not recomputed: a thread of a
-child process whose affinity is narrower than this process's was pinned on purpose (vLLM's OpenMP
-binding), and every other thread of this process and of its children moves to the cores no such
-thread holds. Nothing moves when no child pinned anything (GPU engines, ``uni`` executor,
+child process whose affinity differs from this process's was placed on purpose (vLLM's OpenMP
+binding), and every thread that still has this process's affinity, here and in the children, moves
+to the cores no such thread holds. Nothing moves when no child pinned anything (GPU engines, ``uni`` executor,
 ``VLLM_CPU_OMP_THREADS_BIND=nobind``) or when the workers hold every core. Threads started later
 inherit the affinity of the thread that starts them, so one pass after the engines start is enough.
 Linux only (``/proc``, ``sched_setaffinity``); elsewhere it does nothing.
@@ -62,9 +62,9 @@ def _affinity(tid: int) -> frozenset[int] | None:
 
 def plan_moves(affinities: dict[int, frozenset[int]], own: frozenset[int]) -> tuple[frozenset[int], list[int]]:
     """(the cores left to everything else, the threads to move there), from each thread's affinity:
-    threads pinned narrower than ``own`` hold their cores; the others move, unless nothing was pinned
-    or nothing is left."""
-    held = frozenset().union(*(cpus for cpus in affinities.values() if cpus < own))
+    threads placed otherwise than ``own`` hold their cores (those of ``own``); the threads with ``own``
+    move, unless nothing was placed or nothing is left."""
+    held = frozenset().union(*(cpus for cpus in affinities.values() if cpus != own)) & own
     rest = own - held
     if not held or not rest:
         return rest, []

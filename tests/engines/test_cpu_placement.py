@@ -19,6 +19,13 @@ def test_pinned_threads_keep_their_cores_and_the_others_move_to_the_rest() -> No
     assert rest == {2, 3} and sorted(moves) == [10, 11, 22]
 
 
+def test_a_worker_placed_partly_outside_this_process_still_holds_its_cores_here() -> None:
+    """This process was started on cores 0-3 (taskset); vLLM bound a worker to 3-5: 3 is held, and the
+    worker's thread, not on this process's set, is not moved."""
+    rest, moves = plan_moves({10: ALL, 20: frozenset({3, 4, 5})}, ALL)
+    assert rest == {0, 1, 2} and moves == [10]
+
+
 @pytest.mark.parametrize("affinities", [{10: ALL, 11: ALL},  # nothing pinned (GPU engines, uni, nobind)
                                         {10: ALL, 20: frozenset({0, 1}), 21: frozenset({2, 3})}])  # every core held
 def test_nothing_moves_when_nothing_is_pinned_or_nothing_is_left(affinities: dict) -> None:
