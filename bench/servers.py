@@ -59,8 +59,18 @@ class Server:
         raise TimeoutError(f"{self.name} not ready after {timeout_s} s")
 
 
+ON_EVERY_CPU = ("import os, sys; os.sched_setaffinity(0, range(os.cpu_count())); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
+"""Runs a command on every CPU, as from a shell: the benchmark process may have been moved off the
+cores of ours' model worker (``cpu_keep_off_model_cores``) when ours runs in it, and a server it
+started would inherit that placement (the peer's ``vllm serve`` did, in the first sixteenth-session
+run)."""
+
+
 def launch(name: str, cmd: list[str], log_dir: Path, port: int, env: dict[str, str] | None = None) -> Server:
     log_path = log_dir / f"{name}.log"
+    if hasattr(os, "sched_setaffinity"):
+        cmd = [sys.executable, "-c", ON_EVERY_CPU, *cmd]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

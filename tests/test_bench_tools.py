@@ -1,5 +1,5 @@
-"""The benchmarks' small helpers whose output goes into bench/RESULTS.md: per-process CPU accounting
-and the A/B order. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
+"""The benchmarks' small helpers whose output goes into bench/RESULTS.md: per-process CPU accounting,
+the A/B order, the servers' CPU placement. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from bench.bench_ab import order
+from bench.servers import launch
 from bench.stats import cpu_spent, tree_cpu_s
 
 
@@ -40,3 +44,19 @@ def test_tree_cpu_s_sees_this_process_and_its_children() -> None:
 def test_ab_starts_alternate_so_a_drift_falls_on_both() -> None:
     assert order(8) == [0, 1, 1, 0, 0, 1, 1, 0]
     assert order(3) == [0, 1, 1]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and at least two cores")
+def test_a_server_starts_on_every_cpu_even_from_a_pinned_benchmark(tmp_path: Path) -> None:
+    """Ours moves the benchmark process off its worker's cores; the peer's server started from it
+    must not inherit that (a user starts ``vllm serve`` from a shell)."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(own)})
+    try:
+        server = launch("probe", [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                        tmp_path, 0)
+        server.process.wait(timeout=60)
+    finally:
+        os.sched_setaffinity(0, own)
+    assert server.log_path.read_text().strip() == str(sorted(own))
