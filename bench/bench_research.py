@@ -193,6 +193,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                             False))
         questions = [f"Question {i}: which river flows through the capital city number {i}?"
                      for i in range(args.questions)]
+        for _, agent, concurrent in systems:  # untimed: the first pass of this process pays one-time costs
+            await run_questions(agent, questions[: args.warmup], learn=False, concurrent=concurrent,
+                                rollouts=args.rollouts)
         results: dict[str, dict[str, list]] = {}
         for round_index in range(args.rounds):
             for learn in (False, True):
@@ -239,6 +242,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rollouts", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=32, metavar="QUESTIONS",
+                        help="an untimed pass of this many questions per system first (0: none): the first "
+                             "pass in the process paid one-time costs (encoder kernels, ...) that the "
+                             "systems after it were spared")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--engine-set", action="append", default=[], metavar="--KEY=VALUE",
                         help="config override for every system, e.g. --engine-set=--engines.tiny.max_num_seqs=64")
