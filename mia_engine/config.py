@@ -235,8 +235,9 @@ class EngineConfig(Frozen):
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
     executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
     worker queue takes (+15-20% research-loop throughput on 2 cores before the fused CPU LoRA layers,
-    about the same as ``mp`` since, in separate runs) but showed a worse p99 for
-    one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
+    about the same as ``mp`` since, and slower than ``mp`` once the serving process keeps off the
+    worker's core, ``cpu_keep_off_model_cores``, on the tiny model: 3.12 against 3.38-3.41 q/s, separate runs) and
+    showed a worse p99 for one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
 
 
 class SamplingDefaults(Frozen):
@@ -293,12 +294,15 @@ class MIAConfig(Frozen):
     """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
-    cpu_keep_off_model_cores: bool = True
+    cpu_keep_off_model_cores: bool = False
     """On CPU, once the engines have started, move this process's threads and the engines' scheduler
     processes off the cores vLLM pinned its model workers to (``engines/cpu_placement.py``): vLLM
     reserves the other cores for them but pins nothing there, and the OS kept putting them on the
-    worker's core (1.10x research-loop throughput on 2 cores, bench/RESULTS.md section 2). Nothing
-    moves on GPU engines or the ``uni`` executor (no worker is pinned)."""
+    worker's core. On 2 cores it made the tiny model's research loop (32 questions at G = 4, the
+    worker the bottleneck) 1.12x faster, and on by ``configs/tiny.toml``; the embedded default's dev
+    eval (SmolLM2, G = 1, 16 in flight, more of the work in this process) ran 0.96x, so it is off by
+    default (bench/RESULTS.md section 8). Nothing moves on GPU engines or the ``uni`` executor (no
+    worker is pinned)."""
     cpu_onednn_cache_capacity: int = 128
     """The same bound as the engines', for the process the command runs in (``serve``, ``eval``, ...):
     its sentence encoder and learner run bf16 matmuls on a CPU with native bf16, and every new batch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,30 +33,38 @@ def test_nothing_moves_when_nothing_is_pinned_or_nothing_is_left(affinities: dic
     assert plan_moves(affinities, ALL)[1] == []
 
 
+SCENARIO = """
+import json, os, subprocess, sys
+from mia_engine.engines.cpu_placement import keep_off_model_cores, process_tree
+own = frozenset(os.sched_getaffinity(0))
+core = min(own)
+pinned = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
+                           "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+unpinned = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+try:
+    assert pinned.stdout.readline().strip() == "ready"
+    tree = process_tree(os.getpid())
+    rest = keep_off_model_cores()
+    print(json.dumps({"own": sorted(own), "core": core, "in_tree": pinned.pid in tree and unpinned.pid in tree,
+                      "rest": sorted(rest), "this": sorted(os.sched_getaffinity(0)),
+                      "unpinned": sorted(os.sched_getaffinity(unpinned.pid)),
+                      "pinned": sorted(os.sched_getaffinity(pinned.pid))}))
+finally:
+    for child in (pinned, unpinned):
+        child.kill()
+        child.wait()
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux and at least two cores")
 def test_a_child_pinned_to_a_core_keeps_it_and_everything_else_leaves_it() -> None:
-    """Real processes: a child pins itself to one core (as vLLM's worker does), another child does not
-    (as the engine core); afterwards this process and the unpinned child run on the other cores only."""
-    own = frozenset(os.sched_getaffinity(0))
-    core = min(own)
-    pinned = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
-                               "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    unpinned = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert pinned.stdout is not None and pinned.stdout.readline().strip() == "ready"
-        assert {pinned.pid, unpinned.pid} <= set(process_tree(os.getpid()))
-        rest = keep_off_model_cores()
-        assert rest == own - {core}
-        assert os.sched_getaffinity(0) == rest and os.sched_getaffinity(unpinned.pid) == rest
-        assert os.sched_getaffinity(pinned.pid) == {core}
-    finally:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), own)
-            except OSError:
-                pass
-        for child in (pinned, unpinned):
-            child.kill()
-            child.wait()
-    assert os.sched_getaffinity(0) == own
+    """Real processes, in a fresh process (so nothing this test session pinned counts): a child pins
+    itself to one core (as vLLM's worker does), another child does not (as the engine core);
+    afterwards that process and the unpinned child run on the other cores only."""
+    done = subprocess.run([sys.executable, "-c", SCENARIO], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    rest = sorted(set(seen["own"]) - {seen["core"]})
+    assert seen["in_tree"] and seen["rest"] == rest
+    assert seen["this"] == rest and seen["unpinned"] == rest and seen["pinned"] == [seen["core"]]
