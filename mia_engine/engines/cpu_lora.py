@@ -115,7 +115,6 @@ class StackedLayer:
                 column = slot * self.block + i * rank
                 self.b[row: row + w.shape[1], column: column + rank] = w[slot]
             row += w.shape[1]
-
         self._native: torch.Tensor | None = None
         self._native_dtype = lora_b[0].dtype
 
