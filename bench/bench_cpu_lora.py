@@ -13,7 +13,8 @@ step's tokens are spread over three adapters (Planner, Executor, none) of four l
 the research loop.
 
 With ``--layers`` it times a whole LoRA linear layer instead (``add_lora_linear`` of a q/k/v or a
-gate/up projection, every slice), through three Punica wrappers, one decode step's tokens each:
+gate/up projection, every slice), through three Punica wrappers (five variants), one decode step's
+tokens each:
   vllm        vLLM's ``PunicaWrapperCPU`` on its own ops
   per-slice   vLLM's wrapper code on the grouped ops (a shrink and an expand per slice, each grouping
               the tokens again): what ran before the slices were fused
@@ -38,6 +39,7 @@ or:   python -m pytest bench/bench_cpu_lora.py --benchmark-only   (pytest-benchm
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -178,10 +180,10 @@ def layer_case(wrapper_class: type, hidden: int, rank: int, slices: tuple[int, .
         wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, 13, None], SLOTS, 1000)
         steps.append((wrapper, torch.randn(count, hidden, generator=g).to(dtype),
                       torch.zeros(count, sum(slices), dtype=dtype)))
-    turn = iter(range(1 << 62))
+    turns = itertools.cycle(steps)
 
     def one_call() -> object:
-        wrapper, x, y = steps[next(turn) % len(steps)]
+        wrapper, x, y = next(turns)
         return wrapper.add_lora_linear(y, x, a, b, 1.0, slices)
 
     for _ in steps:  # each wrapper's first call (the fused one stacks the adapters then)

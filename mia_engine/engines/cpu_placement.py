@@ -5,8 +5,9 @@ leaves the rest to "the scheduler process" (``vllm/utils/ompmultiprocessing.py``
 per worker), but pins nothing else: the engine core, which busy-waits on the worker's queue, and this
 serving process (HTTP, the research loop, the sentence encoder, the learner) float over every core,
 the worker's included, and the OS puts them there. The model step, which bounds throughput, then
-waits. Measured on 2 cores (bench/RESULTS.md section 2): the worker's core was ~86% busy; with the
-others moved off it, 100%, and the research benchmark ran 1.10x faster.
+waits. Measured on 2 cores (bench/RESULTS.md section 8): the worker's core was ~86% busy; with the
+others moved off it, 97-100%, and the tiny model's research loop ran 1.12x faster (the embedded
+default's eval 0.96x, so ``cpu_keep_off_model_cores`` is off by default).
 
 Which cores the workers have is read from the processes themselves, not recomputed: a thread of a
 child process whose affinity differs from this process's was placed on purpose (vLLM's OpenMP
@@ -25,31 +26,33 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+PROC = Path("/proc")
 
-def _threads(pid: int, proc: Path) -> list[int]:
+
+def _threads(pid: int) -> list[int]:
     try:
-        return [int(tid) for tid in os.listdir(proc / str(pid) / "task")]
+        return [int(tid) for tid in os.listdir(PROC / str(pid) / "task")]
     except OSError:  # the process exited meanwhile
         return []
 
 
-def _children(pid: int, proc: Path) -> list[int]:
+def _children(pid: int) -> list[int]:
     children: list[int] = []
-    for tid in _threads(pid, proc):
+    for tid in _threads(pid):
         try:
-            children += [int(c) for c in (proc / str(pid) / "task" / str(tid) / "children").read_text().split()]
+            children += [int(c) for c in (PROC / str(pid) / "task" / str(tid) / "children").read_text().split()]
         except OSError:
             continue
     return children
 
 
-def process_tree(pid: int, proc: Path = Path("/proc")) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """``pid`` and all its descendants."""
     tree, pending = [], [pid]
     while pending:
         current = pending.pop()
         tree.append(current)
-        pending += _children(current, proc)
+        pending += _children(current)
     return tree
 
 
@@ -74,7 +77,7 @@ def plan_moves(affinities: dict[int, frozenset[int]], own: frozenset[int]) -> tu
 def keep_off_model_cores(pid: int | None = None) -> frozenset[int]:
     """Move this process's (``pid``'s) threads and its children's unpinned threads off the cores that
     its children pinned threads to. Returns the cores they now run on (empty: nothing moved)."""
-    if not hasattr(os, "sched_setaffinity") or not Path("/proc/self/task").is_dir():
+    if not hasattr(os, "sched_setaffinity") or not (PROC / "self" / "task").is_dir():
         return frozenset()
     pid = os.getpid() if pid is None else pid
     own = _affinity(pid)
@@ -82,7 +85,7 @@ def keep_off_model_cores(pid: int | None = None) -> frozenset[int]:
         return frozenset()
     affinities = {}
     for process in process_tree(pid):
-        for tid in _threads(process, Path("/proc")):
+        for tid in _threads(process):
             cpus = _affinity(tid)
             if cpus is not None:
                 affinities[tid] = cpus
