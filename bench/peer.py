@@ -49,13 +49,20 @@ class ServedLoRAHost:
         return True
 
 
+KEEPALIVE_EXPIRY_S = 2.0
+"""How long the peer keeps an idle connection to ``vllm serve``: below uvicorn's ``timeout_keep_alive`` (5 s).
+With httpx's default, also 5 s, a request sent on a connection the server was closing failed with
+``ReadError`` (a seventeenth-session run of ``bench_research.py``)."""
+
+
 class ServedRoles:
     """The agent's engine interface (``render_chat``, ``extend_chat``, ``generate``, ...) over ``vllm serve``."""
 
     def __init__(self, config: MIAConfig, base_url: str, served_name: str, model_dir: Path, home: Path) -> None:
         self.config = config
         self.http = httpx.AsyncClient(base_url=base_url, timeout=900,
-                                      limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024))
+                                      limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024,
+                                                          keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self.served_name = served_name
         self.model_dir = model_dir
         self.home = home

@@ -15,7 +15,7 @@ import httpx
 
 from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu_lora import CONFIG_KEY as CPU_LORA_KEY
-from mia_engine.engines.startup import cpu_platform_options, spawn_env
+from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, cpu_platform_options, spawn_env
 
 
 def free_port() -> int:
@@ -86,7 +86,8 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
 
 
 def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: EngineConfig, *extra: str,
-                same_cpu_lora_ops: bool = False, env: dict[str, str] | None = None) -> Server:
+                same_cpu_lora_ops: bool = False, same_cpu_async_scheduling: bool = False,
+                env: dict[str, str] | None = None) -> Server:
     """``vllm serve`` with the same engine settings as ``engine``: its arguments (``vllm_engine_args``)
     and the environment our engines spawn with (``spawn_env``: without it vLLM's CPU platform turns
     ``uni`` back into ``mp``, which the first peer runs with ``uni`` missed). ``extra``: more arguments.
@@ -96,18 +97,24 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_name, "--port", str(port), "--host", "127.0.0.1",
            "--disable-uvicorn-access-log", "--disable-log-stats",
-           *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops), *extra]
+           *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops,
+                             same_cpu_async_scheduling=same_cpu_async_scheduling), *extra]
     return launch("vllm_serve", cmd, log_dir, port, {**spawn_env(engine), **(env or {})})
 
 
-def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False) -> list[str]:
+def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
+                     same_cpu_async_scheduling: bool = False) -> list[str]:
     """``vllm serve`` arguments for the same engine settings as one of our engines (LoRA enabled).
-    ``same_cpu_lora_ops``: also our CPU LoRA ops (``engines.*.cpu_lora_ops``, through the platform plugin
-    this package installs into vLLM); without it ``vllm serve`` runs vLLM's own, as its users get. The
-    allocator (``cpu_malloc``) is always the same: vLLM's CPU guide has its users preload TCMalloc."""
+    ``same_cpu_lora_ops`` / ``same_cpu_async_scheduling``: also our CPU LoRA ops / our async scheduling on
+    CPU (``engines.*.cpu_lora_ops`` / ``cpu_async_scheduling``, through the platform plugin this package
+    installs into vLLM); without them ``vllm serve`` runs as its users get it (vLLM's LoRA ops, and no
+    async scheduling: its CPU platform turns it off even when asked). The allocator (``cpu_malloc``) is
+    always the same: vLLM's CPU guide has its users preload TCMalloc."""
     platform_options = cpu_platform_options(engine)
     if not same_cpu_lora_ops:
         del platform_options[CPU_LORA_KEY]
+    if not same_cpu_async_scheduling:
+        del platform_options[ASYNC_SCHEDULING_KEY]
     return ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
             "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
             "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),

@@ -1,8 +1,8 @@
-"""vLLM's CPU platform, with three changes made through its extension points: the Punica wrapper and the
-engine processes' allocator chosen by each engine's config (``Platform.get_punica_wrapper``, and
-``Platform.check_and_update_config``, where vLLM's own CPU platform sets ``LD_PRELOAD`` for the processes
-it is about to spawn), and the dtypes this CPU computes natively (``Platform.supported_dtypes``, which
-``dtype = "auto"`` reads).
+"""vLLM's CPU platform, with four changes made through its extension points: the Punica wrapper, the
+engine processes' allocator and async scheduling chosen by each engine's config
+(``Platform.get_punica_wrapper``, and ``Platform.check_and_update_config``, where vLLM's own CPU platform
+sets ``LD_PRELOAD`` for the processes it is about to spawn and turns async scheduling off), and the dtypes
+this CPU computes natively (``Platform.supported_dtypes``, which ``dtype = "auto"`` reads).
 
 Loaded by qualname through ``engines/cpu_lora.py: platform_plugin`` once vLLM has picked the platform,
 never imported by this package otherwise.
@@ -10,6 +10,7 @@ never imported by this package otherwise.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -19,18 +20,20 @@ from vllm.platforms.interface import CpuArchEnum
 
 from ..cpu_features import cpu_flags, has_native_bf16
 from .cpu_lora import CONFIG_KEY
-from .startup import MALLOC_KEY, preload_tcmalloc
+from .startup import ASYNC_SCHEDULING_KEY, MALLOC_KEY, preload_tcmalloc
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+log = logging.getLogger(__name__)
 
 GROUPED_WRAPPER = "mia_engine.engines.cpu_punica.GroupedPunicaWrapperCPU"
 
 
 class MIACpuPlatform(CpuPlatform):
-    """Everything is vLLM's CPU platform but three things: the Punica wrapper of an engine that asked for
-    grouped ops, the system's TCMalloc for an engine that asked for it, and float32 for ``dtype = "auto"``
-    on an x86 CPU that would only emulate bfloat16."""
+    """Everything is vLLM's CPU platform but four things: the Punica wrapper of an engine that asked for
+    grouped ops, the system's TCMalloc and async scheduling for an engine that asked for them, and float32
+    for ``dtype = "auto"`` on an x86 CPU that would only emulate bfloat16."""
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -56,6 +59,28 @@ class MIACpuPlatform(CpuPlatform):
             raise ValueError(f"additional_config[{MALLOC_KEY!r}] = {choice!r}: expected 'tcmalloc' or 'glibc'")
         if choice == "tcmalloc":
             preload_tcmalloc(os.environ)
+        schedule_ahead = extra.get(ASYNC_SCHEDULING_KEY, False) if isinstance(extra, dict) else False
+        if not isinstance(schedule_ahead, bool):
+            raise ValueError(f"additional_config[{ASYNC_SCHEDULING_KEY!r}] = {schedule_ahead!r}: expected a bool")
+        if schedule_ahead:
+            cls._schedule_ahead(vllm_config)
+
+    @staticmethod
+    def _schedule_ahead(vllm_config: VllmConfig) -> None:
+        """Undo the CPU platform's ``async_scheduling = False`` (the platform hook runs after vLLM's own
+        resolution, so it has the last word). vLLM's resolution would have turned it on here too, except
+        with the options it refuses it for; those keep it off, as vLLM would."""
+        refused = [reason for reason, present in (
+            ("speculative decoding", vllm_config.speculative_config is not None),
+            ("a pooling model", vllm_config.model_config is not None
+             and vllm_config.model_config.runner_type == "pooling"),
+            ("pipeline parallelism", vllm_config.parallel_config.pipeline_parallel_size > 1),
+        ) if present]
+        if refused:
+            log.warning("cpu_async_scheduling left off: vLLM does not schedule ahead with %s", ", ".join(refused))
+            return
+        vllm_config.scheduler_config.async_scheduling = True
+        log.info("the engine schedules ahead: async scheduling on CPU (cpu_async_scheduling)")
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

@@ -46,6 +46,8 @@ MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 MALLOC_KEY = "mia_cpu_malloc"
 """Key of ``EngineConfig.cpu_malloc`` in vLLM's ``additional_config``, read by ``engines/cpu_platform.py``."""
+ASYNC_SCHEDULING_KEY = "mia_cpu_async_scheduling"
+"""Key of ``EngineConfig.cpu_async_scheduling`` in vLLM's ``additional_config``, read by ``engines/cpu_platform.py``."""
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
 """TCMalloc's library names, as ``ctypes.util.find_library`` looks them up (Debian: libtcmalloc-minimal4)."""
 
@@ -79,9 +81,10 @@ def spawn_env(config: EngineConfig) -> dict[str, str]:
     return wanted
 
 
-def cpu_platform_options(config: EngineConfig) -> dict[str, str]:
+def cpu_platform_options(config: EngineConfig) -> dict[str, str | bool]:
     """The engine's ``additional_config``: the choices ``engines/cpu_platform.py`` reads (CPU only)."""
-    return {CPU_LORA_KEY: config.cpu_lora_ops, MALLOC_KEY: config.cpu_malloc}
+    return {CPU_LORA_KEY: config.cpu_lora_ops, MALLOC_KEY: config.cpu_malloc,
+            ASYNC_SCHEDULING_KEY: config.cpu_async_scheduling}
 
 
 def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:

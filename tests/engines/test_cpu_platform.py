@@ -1,11 +1,13 @@
-"""The CPU platform's two engine-process choices, checked on this CPU with the platform's real code: the
-dtype ``auto`` resolves to (through vLLM's own resolution) and the allocator the engine processes preload."""
+"""The CPU platform's engine-process choices, checked on this CPU with the platform's real code: the dtype
+``auto`` resolves to and whether the engine schedules ahead (through vLLM's own resolution), and the
+allocator the engine processes preload."""
 
 from __future__ import annotations
 
 import ctypes.util
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from vllm.platforms.cpu import CpuPlatform
 from mia_engine.config import EngineConfig
 from mia_engine.engines import cpu_platform
 from mia_engine.engines.cpu_platform import MIACpuPlatform
-from mia_engine.engines.startup import MALLOC_KEY, preload_tcmalloc
+from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, MALLOC_KEY, preload_tcmalloc
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.models.tiny import build_tiny
 
@@ -97,3 +99,57 @@ def test_an_unknown_allocator_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, config: None))
     with pytest.raises(ValueError, match=MALLOC_KEY):
         MIACpuPlatform.check_and_update_config(_Config({MALLOC_KEY: "jemalloc"}))
+
+
+@pytest.mark.parametrize(("extra", "ahead"), [({}, None), ({"cpu_async_scheduling": True}, True),
+                                              ({"cpu_async_scheduling": False}, False)])
+def test_vllms_engine_config_schedules_ahead_only_where_the_engine_asks(monkeypatch: pytest.MonkeyPatch,
+                                                                        tiny_dir: Path, extra: dict,
+                                                                        ahead: bool | None) -> None:
+    """vLLM's whole config resolution on the platform. ``None``: the default (on). Without the key (a plain
+    ``vllm serve``) the CPU platform's own choice stands: off."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = VLLMEngine("e", EngineConfig(model=str(tiny_dir), dtype="bfloat16", gpu_memory_utilization=0.3,
+                                          cpu_malloc="glibc", **extra), tiny_dir)
+    args = engine._engine_args()
+    config = args.create_engine_config()
+    expected = ahead is not False
+    assert config.scheduler_config.async_scheduling is expected
+    assert (config.scheduler_config.get_scheduler_cls() is AsyncScheduler) is expected
+    assert config.max_concurrent_batches == (2 if expected else 1)  # the engine core's batch queue
+    del args.additional_config[ASYNC_SCHEDULING_KEY]
+    assert args.create_engine_config().scheduler_config.async_scheduling is False
+
+
+def _vllm_config(**parts: object) -> SimpleNamespace:
+    defaults = {"additional_config": {ASYNC_SCHEDULING_KEY: True}, "speculative_config": None,
+                "model_config": SimpleNamespace(runner_type="generate"),
+                "parallel_config": SimpleNamespace(pipeline_parallel_size=1),
+                "scheduler_config": SimpleNamespace(async_scheduling=False)}
+    return SimpleNamespace(**{**defaults, **parts})
+
+
+@pytest.mark.parametrize(("parts", "reason"), [
+    ({"speculative_config": object()}, "speculative decoding"),
+    ({"model_config": SimpleNamespace(runner_type="pooling")}, "a pooling model"),
+    ({"parallel_config": SimpleNamespace(pipeline_parallel_size=2)}, "pipeline parallelism"),
+])
+def test_what_vllm_refuses_to_schedule_ahead_stays_off(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture, parts: dict,
+                                                       reason: str) -> None:
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, config: None))
+    config = _vllm_config(**parts)
+    with caplog.at_level("WARNING", logger="mia_engine.engines.cpu_platform"):
+        MIACpuPlatform.check_and_update_config(config)
+    assert config.scheduler_config.async_scheduling is False and reason in caplog.text
+    allowed = _vllm_config()
+    MIACpuPlatform.check_and_update_config(allowed)
+    assert allowed.scheduler_config.async_scheduling is True
+
+
+def test_a_non_bool_async_scheduling_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, config: None))
+    with pytest.raises(ValueError, match=ASYNC_SCHEDULING_KEY):
+        MIACpuPlatform.check_and_update_config(_Config({ASYNC_SCHEDULING_KEY: "yes"}))
