@@ -136,6 +136,25 @@ class StackedLayer:
                 and self._versions(sources) == self.versions)
 
 
+class ZeroWeights:
+    """Whether a weight tensor vLLM keeps for every adapter slot holds only zeros, looked at again only
+    after vLLM wrote it (its version counter, as ``StackedLayer``).
+
+    vLLM wraps the embedding and the LM head in LoRA layers whether or not an adapter targets them, and
+    runs their shrink and expand every step on zero weights: 4.7% of the tiny model's worker in the
+    research benchmark (py-spy, bench/RESULTS.md section 8), where no adapter targets them. Adding a
+    product of zeros changes nothing, so a layer whose B is all zeros can skip it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[torch.Tensor, int, bool]] = {}
+
+    def all_zero(self, weights: torch.Tensor) -> bool:
+        seen = self._seen.get(id(weights))
+        if seen is None or seen[0] is not weights or seen[1] != weights._version:
+            seen = self._seen[id(weights)] = (weights, weights._version, not bool(weights.any()))
+        return seen[2]
+
+
 class StepTokens:
     """One step's tokens by adapter slot, computed once per step for every LoRA layer of that step:
     the groups (``token_groups``), the run of slots present, and per slot width the 0/1 mask that

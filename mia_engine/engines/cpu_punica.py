@@ -17,7 +17,7 @@ import torch
 
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from .cpu_lora import OPS, StackedLayer, StepTokens, lora_linear
+from .cpu_lora import OPS, StackedLayer, StepTokens, ZeroWeights, lora_linear
 
 
 def _on_ops(function: types.FunctionType, ops: dict[str, object]) -> types.FunctionType:
@@ -60,12 +60,14 @@ class GroupedPunicaWrapperCPU(_OnOurOps):
     for each LoRA layer (q/k/v, o, gate/up, down in every decoder layer), then costs one shrink and one
     expand for all slices (``cpu_lora.lora_linear``), on the layer's adapters stacked once and kept
     until vLLM writes a slot (``cpu_lora.StackedLayer``), instead of two grouped ops per slice. The
-    embedding and logits LoRA stay on vLLM's code over the grouped ops."""
+    embedding and logits LoRA stay on vLLM's code over the grouped ops, and are skipped while no slot
+    has weights for them (``cpu_lora.ZeroWeights``: no adapter served here targets them)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._step: StepTokens | None = None
         self._layers: dict[int, StackedLayer] = {}  # by the layer's first A tensor, kept across steps
+        self._zeros = ZeroWeights()
 
     def update_metadata(self, *args: object, **kwargs: object) -> None:
         super().update_metadata(*args, **kwargs)
@@ -83,3 +85,16 @@ class GroupedPunicaWrapperCPU(_OnOurOps):
         if layer is None or not layer.current(lora_a_stacked, lora_b_stacked):
             layer = self._layers[id(lora_a_stacked[0])] = StackedLayer(lora_a_stacked, lora_b_stacked)
         lora_linear(y.view(-1, y.shape[-1]), x, layer, scale, self._step)
+
+    def add_lora_embedding(self, y: torch.Tensor, x: torch.Tensor, lora_b_stacked: torch.Tensor,
+                           add_inputs: bool = True, **kwargs: object) -> None:
+        if add_inputs and self._zeros.all_zero(lora_b_stacked):
+            return  # y + x @ 0 is y
+        super().add_lora_embedding(y, x, lora_b_stacked, add_inputs, **kwargs)
+
+    def add_lora_logits(self, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: torch.Tensor,
+                        lora_b_stacked: torch.Tensor, scale: float, *, buffer: torch.Tensor | None = None,
+                        **kwargs: object) -> None:
+        if self._zeros.all_zero(lora_b_stacked):
+            return  # y + (x @ A) @ 0 is y
+        super().add_lora_logits(y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)

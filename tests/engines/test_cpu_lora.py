@@ -197,6 +197,63 @@ def test_a_slot_loaded_again_is_used_at_the_next_step() -> None:
         assert len(ours._layers) == 1
 
 
+def test_embedding_and_logits_lora_are_skipped_only_while_no_slot_has_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM runs the embedding's and the LM head's LoRA every step even when no adapter targets them
+    (all-zero weights). The grouped wrapper skips them then, with the same output as vLLM's wrapper
+    bit for bit, and runs them again from the step after vLLM loads weights into a slot."""
+    from vllm.lora.layers import LoRAMapping
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+
+    vocab, num_tokens = 300, 6
+    ids = [11, 12, 0, 11, 13, 12]
+    g = torch.Generator().manual_seed(70)
+    x = torch.randn(num_tokens, HIDDEN, generator=g).to(torch.bfloat16)
+    embedded_a = torch.randn(num_tokens, RANK, generator=g).to(torch.bfloat16)  # the layer's A rows, gathered
+    head_a = torch.zeros(SLOTS, 1, RANK, HIDDEN, dtype=torch.bfloat16)
+    head_b = torch.zeros(SLOTS, 1, vocab, RANK, dtype=torch.bfloat16)
+    embedding_b = torch.zeros(SLOTS, 1, HIDDEN, RANK, dtype=torch.bfloat16)
+    ours = GroupedPunicaWrapperCPU(max_num_batched_tokens=64, max_batches=8, device="cpu")
+    theirs = punica_cpu.PunicaWrapperCPU(max_num_batched_tokens=64, max_batches=8, device="cpu")
+    ran: list[str] = []  # vLLM's code (on our ops) run by the grouped wrapper
+    below = GroupedPunicaWrapperCPU.__mro__[1]  # what its super() calls
+    for method in ("add_lora_logits", "add_lora_embedding"):
+        original = getattr(below, method)
+        monkeypatch.setattr(below, method,
+                            lambda *a, _f=original, _m=method, **k: (ran.append(_m), _f(*a, **k))[1])
+    before = {"logits": torch.randn(num_tokens, vocab, generator=g).to(torch.bfloat16),
+              "embedding": torch.randn(num_tokens, HIDDEN, generator=g).to(torch.bfloat16)}
+
+    def step() -> list[dict[str, torch.Tensor]]:
+        outputs = []
+        for wrapper in (ours, theirs):
+            wrapper.update_metadata(LoRAMapping(ids, ids, is_prefill=False), [11, 12, 13, None], SLOTS, 1000)
+            out = {name: y.clone() for name, y in before.items()}
+            wrapper.add_lora_logits(out["logits"], x, head_a, head_b, 1.0)
+            wrapper.add_lora_embedding(out["embedding"], embedded_a, embedding_b, add_inputs=True)
+            outputs.append(out)
+        return outputs
+
+    for name, y in step()[0].items():  # no adapter targets them: nothing added, as in vLLM's wrapper
+        assert torch.equal(y, before[name])
+    assert ran == []
+    with torch.no_grad():  # vLLM's set_lora: an in-place copy into slot 1
+        head_a[1, 0].copy_(torch.randn(RANK, HIDDEN, generator=g))
+        head_b[1, 0].copy_(torch.randn(vocab, RANK, generator=g))
+        embedding_b[1, 0].copy_(torch.randn(HIDDEN, RANK, generator=g))
+    mine, vllms = step()
+    for name in before:
+        torch.testing.assert_close(mine[name], vllms[name])
+        assert not torch.equal(mine[name], before[name])
+    assert ran == ["add_lora_logits", "add_lora_embedding"]
+    head_b[1] = 0  # vLLM's reset_lora
+    embedding_b[1] = 0
+    for name, y in step()[0].items():
+        assert torch.equal(y, before[name])
+    assert len(ran) == 2
+
+
 def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
     """A vLLM whose CPU wrapper renamed an op: grouped ops asked for fail the engine's start, by name."""
     from mia_engine.engines.cpu_punica import with_ops
