@@ -1,8 +1,9 @@
 """The benchmarks' small helpers whose output goes into bench/RESULTS.md: per-process CPU accounting,
-the A/B order, the servers' CPU placement. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
+the A/B order, the servers' CPU placement, what the peer's ``vllm serve`` gets of ours. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from bench.bench_ab import order
-from bench.servers import launch
+from bench.servers import launch, vllm_engine_args
 from bench.stats import cpu_spent, tree_cpu_s
+from mia_engine.config import EngineConfig
+from mia_engine.engines.cpu_lora import CONFIG_KEY
+from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, MALLOC_KEY
 
 
 def test_cpu_spent_is_per_process_and_leaves_idle_ones_out() -> None:
@@ -60,3 +64,14 @@ def test_a_server_starts_on_every_cpu_even_from_a_pinned_benchmark(tmp_path: Pat
     finally:
         os.sched_setaffinity(0, own)
     assert server.log_path.read_text().strip() == str(sorted(own))
+
+
+@pytest.mark.parametrize(("lora_ops", "async_scheduling"), [(False, False), (True, False), (False, True)])
+def test_the_peer_gets_our_engine_choices_only_when_asked(lora_ops: bool, async_scheduling: bool) -> None:
+    """The peer's ``vllm serve`` runs as its users get it (vLLM's LoRA ops, no async scheduling on CPU)
+    unless the benchmark asks; the allocator is the same for both (vLLM's CPU guide asks for it)."""
+    args = vllm_engine_args(EngineConfig(model="m"), same_cpu_lora_ops=lora_ops,
+                            same_cpu_async_scheduling=async_scheduling)
+    extra = json.loads(args[args.index("--additional-config") + 1])
+    assert MALLOC_KEY in extra
+    assert (CONFIG_KEY in extra) is lora_ops and (ASYNC_SCHEDULING_KEY in extra) is async_scheduling
