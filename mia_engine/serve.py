@@ -5,6 +5,8 @@ store, engines, test-time learner, research agent: ``services.py``), which start
 from __future__ import annotations
 
 import logging
+import signal
+from types import FrameType
 
 import uvicorn
 import uvloop
@@ -20,6 +22,24 @@ from .services import Services
 log = logging.getLogger(__name__)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, remembering the signal that stopped it, so that the stop is logged whether or not
+    uvicorn's re-raised signal ends ``serve`` with KeyboardInterrupt: it does not where the process was
+    started with SIGINT ignored (a background job of a non-interactive shell; the Ctrl-C test then
+    failed in CI started that way)."""
+
+    stopped_by: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig
+        super().handle_exit(sig, frame)
+
+
+def _stop_reason(sig: int) -> str:
+    return "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
+
+
 async def _serve(config: MIAConfig) -> None:
     services = Services(config)
     admission = Admission(config.server.admission)
@@ -29,13 +49,15 @@ async def _serve(config: MIAConfig) -> None:
     app = build_app(services.roles, config.server, start=services.start, stop=services.stop, extra_routes=routes,
                     components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
                     agent=services.agent, metrics=services.metrics, admission=admission)
-    server = uvicorn.Server(uvicorn.Config(
+    server = _Server(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, http="httptools", lifespan="on",
         log_level=config.server.log_level, access_log=config.server.access_log, timeout_graceful_shutdown=5,
         timeout_keep_alive=config.server.keep_alive_s))
     log.info("listening on http://%s:%d (memory, engines, learner and agent start in the background; "
              "/health turns 200 when ready)", config.server.host, config.server.port)
     await server.serve()
+    if server.stopped_by is not None:
+        log.info("stopped (%s)", _stop_reason(server.stopped_by))
 
 
 def serve(config: MIAConfig) -> None:
@@ -43,5 +65,6 @@ def serve(config: MIAConfig) -> None:
         uvloop.run(_serve(config))
     except KeyboardInterrupt:
         # uvicorn shuts down on Ctrl-C, then raises the signal again for whoever else handles it; the
-        # shutdown is done by then (engines stopped, store closed), so a traceback would only alarm.
-        log.info("stopped (Ctrl-C)")
+        # shutdown is done by then (engines stopped, store closed) and ``_serve`` has logged it, so a
+        # traceback would only alarm.
+        pass

@@ -14,8 +14,16 @@ from tests.conftest import start_server, stop_server, wait_ready
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "tiny", new_session=True)
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path, sigint_ignored: bool) -> None:
+    """``sigint_ignored``: the server inherits SIGINT ignored, as a background job of a non-interactive
+    shell does; uvicorn still stops on it, and its re-raised signal is then ignored."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        server = start_server(tmp_path, "tiny", new_session=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     try:
         wait_ready(server)
         os.killpg(server.process.pid, signal.SIGINT)
@@ -25,4 +33,4 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path) -> None:
             stop_server(server)
     log = server.log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
-    assert "stopped (Ctrl-C)" in log and "Application shutdown complete" in log
+    assert log.count("stopped (Ctrl-C)") == 1 and "Application shutdown complete" in log
