@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,8 +102,19 @@ def test_an_unknown_allocator_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
         MIACpuPlatform.check_and_update_config(_Config({MALLOC_KEY: "jemalloc"}))
 
 
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    """vLLM's CPU platform writes ``LD_PRELOAD`` and more into ``os.environ`` while it builds a config;
+    every server a later test starts would inherit them."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.parametrize(("extra", "ahead"), [({}, None), ({"cpu_async_scheduling": True}, True),
                                               ({"cpu_async_scheduling": False}, False)])
+@pytest.mark.usefixtures("restored_environ")
 def test_vllms_engine_config_schedules_ahead_only_where_the_engine_asks(monkeypatch: pytest.MonkeyPatch,
                                                                         tiny_dir: Path, extra: dict,
                                                                         ahead: bool | None) -> None:
