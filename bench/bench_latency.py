@@ -61,6 +61,8 @@ class RecordingClient:
         self.calls: list[tuple[str, list[int], SamplingOptions, dict]] = []
         self.seconds = 0.0
         """Time spent inside the recorded calls as they ran (in the question, not replayed)."""
+        self.each_s: list[float] = []
+        """Each recorded call's own time in the question, to compare call by call with its replay."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -73,7 +75,8 @@ class RecordingClient:
             async for deltas in self.inner.generate(model, prompt_ids, options, request_id, stream=stream, **extra):
                 yield deltas
         finally:
-            self.seconds += time.perf_counter() - start
+            self.each_s.append(time.perf_counter() - start)
+            self.seconds += self.each_s[-1]
 
 
 class RecordingTools:
@@ -94,17 +97,17 @@ class RecordingTools:
             self.seconds += time.perf_counter() - start
 
 
-async def replay(services: Services, client: RecordingClient, tools: RecordingTools) -> tuple[float, float]:
-    """(seconds of the recorded LLM calls, of the tool calls), each run alone, in order, prefix cache reset."""
+async def replay(services: Services, client: RecordingClient, tools: RecordingTools) -> tuple[list[float], float]:
+    """(seconds of each recorded LLM call, of the tool calls), each run alone, in order, prefix cache reset."""
     for engine in services.roles.engines.values():
         await engine.reset_prefix_cache()
-    llm = 0.0
+    llm = []
     for i, (model, prompt_ids, options, extra) in enumerate(client.calls):
         start = time.perf_counter()
         async for _ in services.roles.generate(model, prompt_ids, options, f"replay-{i}-{time.time_ns()}",
                                                stream=False, **extra):
             pass
-        llm += time.perf_counter() - start
+        llm.append(time.perf_counter() - start)
     tool = 0.0
     for call, data_id, max_words in tools.calls:
         start = time.perf_counter()
@@ -154,9 +157,11 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
     (greedy: the same calls every time); medians on both sides, so one noisy sample of the model's
     time on a shared CPU moves neither."""
     walls, llm_alone, tools_alone, in_run, llm_in_run = [], [], [], [], []
+    each_in_run, each_alone = [], []
     stages: dict[str, float] = {}
     for _ in range(repeats):
         client.calls.clear()
+        client.each_s.clear()
         tools.calls.clear()
         client.seconds = tools.seconds = 0.0
         for engine in services.roles.engines.values():
@@ -166,8 +171,11 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
         in_run.append(client.seconds + tools.seconds)
         llm_in_run.append(client.seconds)
         num_llm, num_tool = len(client.calls), len(tools.calls)
-        llm, tool = await replay(services, client, tools)
-        llm_alone.append(llm)
+        roles = [model for model, *_ in client.calls]
+        each, tool = await replay(services, client, tools)
+        each_in_run.append(list(client.each_s))
+        each_alone.append(each)
+        llm_alone.append(sum(each))
         tools_alone.append(tool)
     client.calls.clear()
     tools.calls.clear()
@@ -177,7 +185,10 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
             "in_run_overhead": statistics.median(w / c for w, c in zip(walls, in_run)),
             "num_llm_calls": num_llm, "num_tool_calls": num_tool, "llm_in_run_s": statistics.median(llm_in_run),
             "walls_s": walls, "llm_alone_runs_s": llm_alone, "stream_first_event_s": first_event,
-            "stream_answer_s": answered, "stages_s": stages}
+            "stream_answer_s": answered, "stages_s": stages,
+            "calls": [{"role": role, "in_run_s": statistics.median(run[i] for run in each_in_run),
+                       "alone_s": statistics.median(run[i] for run in each_alone)}
+                      for i, role in enumerate(roles)] if len({len(r) for r in each_in_run}) == 1 else []}
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -207,6 +218,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                   f"stream first {row['stream_first_event_s']:.3f} s", flush=True)
     server.should_exit = True
     await serving
+    call_ratios = [c["in_run_s"] / c["alone_s"] for r in rows for c in r["calls"]]
     return {
         "config": args.config, "questions": len(rows), "repeats": args.repeats,
         "overhead_median": statistics.median(r["overhead"] for r in rows),
@@ -218,6 +230,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         "critical_path_median_s": statistics.median(r["llm_alone_s"] + r["tools_alone_s"] for r in rows),
         "stream_first_event_median_s": statistics.median(r["stream_first_event_s"] for r in rows),
         "stream_answer_median_s": statistics.median(r["stream_answer_s"] for r in rows),
+        # Each LLM call's time inside its question over its time replayed alone (medians of the repeats):
+        # near 1 says the calls themselves run as fast in the question, whatever the whole ratio shows.
+        "call_in_run_over_alone_median": statistics.median(call_ratios) if call_ratios else None,
+        "call_in_run_over_alone_p90": percentile(call_ratios, 0.9) if call_ratios else None,
         "rows": rows,
     }
 
