@@ -124,5 +124,6 @@ def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
                                                        "disable_any_whitespace": engine.compact_json}),
             *(["--distributed-executor-backend", engine.executor_backend] if engine.executor_backend != "auto" else []),
             *(["--max-num-batched-tokens", str(engine.max_num_batched_tokens)] if engine.max_num_batched_tokens else []),
+            *(["--block-size", str(engine.block_size)] if engine.block_size else []),
             "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
             "--additional-config", json.dumps(platform_options)]

@@ -190,6 +190,9 @@ class EngineConfig(Frozen):
     """Skip CUDA-graph capture / compilation: faster start, slower decode."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (G plans of one question share the prompt)."""
+    block_size: int = 0
+    """Tokens per KV-cache block; 0 = vLLM's default for the platform (16 on GPUs, 128 on CPU). The prefix
+    cache reuses whole blocks only, so a prompt shares nothing shorter than one block."""
     max_num_seqs: int = 256
     """Sequences decoded together in one step."""
     max_num_batched_tokens: int = 0
@@ -469,6 +472,8 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
     if engine.compact_json and engine.structured_outputs_backend not in ("xgrammar", "guidance"):
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
+    if engine.block_size < 0:
+        raise ConfigError(f"{prefix}.block_size: must be >= 0 (0: vLLM's default for the platform)")
     if engine.cpu_onednn_cache_capacity < 0:
         raise ConfigError(f"{prefix}.cpu_onednn_cache_capacity: must be >= 0 (0 = no cache)")
     replica = engine.tensor_parallel_size * engine.pipeline_parallel_size

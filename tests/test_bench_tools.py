@@ -75,3 +75,9 @@ def test_the_peer_gets_our_engine_choices_only_when_asked(lora_ops: bool, async_
     extra = json.loads(args[args.index("--additional-config") + 1])
     assert MALLOC_KEY in extra
     assert (CONFIG_KEY in extra) is lora_ops and (ASYNC_SCHEDULING_KEY in extra) is async_scheduling
+
+
+def test_the_peer_gets_our_kv_block_size_only_when_set() -> None:
+    assert "--block-size" not in vllm_engine_args(EngineConfig(model="m"))
+    args = vllm_engine_args(EngineConfig(model="m", block_size=64))
+    assert args[args.index("--block-size") + 1] == "64"

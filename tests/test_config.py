@@ -42,6 +42,7 @@ def test_dotted_overrides_apply() -> None:
     ({"engines.tiny.structured_outputs_backend": "auto"}, "engines.tiny.compact_json"),
     ({"engines.tiny.executor_backend": "slurm"}, "engines.tiny.executor_backend"),
     ({"engines.tiny.cpu_onednn_cache_capacity": -1}, "engines.tiny.cpu_onednn_cache_capacity"),
+    ({"engines.tiny.block_size": -16}, "engines.tiny.block_size"),
     ({"cpu_onednn_cache_capacity": -1}, "cpu_onednn_cache_capacity"),
     ({"engines.tiny.executor_backend": "uni", "engines.tiny.tensor_parallel_size": 2},
      "engines.tiny.executor_backend"),

@@ -88,6 +88,7 @@ class VLLMEngine:
             device_ids=list(c.devices) or None,
             enforce_eager=c.enforce_eager,
             enable_prefix_caching=c.enable_prefix_caching,
+            block_size=c.block_size or None,
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens or None,
             language_model_only=c.language_model_only,

@@ -45,6 +45,12 @@ def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytes
     assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().device_ids is None
 
 
+def test_the_kv_block_size_reaches_vllm_only_when_set(tmp_path: Path) -> None:
+    """0 leaves vLLM's platform default (128 on CPU, 16 on GPUs) to vLLM."""
+    assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().block_size is None
+    assert VLLMEngine("e", EngineConfig(model="m", block_size=64), tmp_path)._engine_args().block_size == 64
+
+
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
     env = spawn_env(EngineConfig(model="m", cpu_kv_cache_space_gib=3.0, cpu_onednn_cache_capacity=64))
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
