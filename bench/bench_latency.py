@@ -59,10 +59,9 @@ class RecordingClient:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.calls: list[tuple[str, list[int], SamplingOptions, dict]] = []
-        self.seconds = 0.0
-        """Time spent inside the recorded calls as they ran (in the question, not replayed)."""
         self.each_s: list[float] = []
-        """Each recorded call's own time in the question, to compare call by call with its replay."""
+        """Each recorded call's own time as it ran (in the question, not replayed), to compare call by
+        call with its replay."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -76,7 +75,6 @@ class RecordingClient:
                 yield deltas
         finally:
             self.each_s.append(time.perf_counter() - start)
-            self.seconds += self.each_s[-1]
 
 
 class RecordingTools:
@@ -163,13 +161,13 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
         client.calls.clear()
         client.each_s.clear()
         tools.calls.clear()
-        client.seconds = tools.seconds = 0.0
+        tools.seconds = 0.0
         for engine in services.roles.engines.values():
             await engine.reset_prefix_cache()
         wall, stages = await ask(http, question)
         walls.append(wall)
-        in_run.append(client.seconds + tools.seconds)
-        llm_in_run.append(client.seconds)
+        llm_in_run.append(sum(client.each_s))
+        in_run.append(llm_in_run[-1] + tools.seconds)
         num_llm, num_tool = len(client.calls), len(tools.calls)
         roles = [model for model, *_ in client.calls]
         each, tool = await replay(services, client, tools)
