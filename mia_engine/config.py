@@ -432,8 +432,7 @@ def _check(config: MIAConfig) -> None:
     clash = set(config.engines) & set(config.roles)
     if clash:
         raise ConfigError(f"roles.{sorted(clash)[0]}: a role cannot have the name of an engine")
-    if config.cpu_onednn_cache_capacity < 0:
-        raise ConfigError("cpu_onednn_cache_capacity: must be >= 0 (0 = no cache)")
+    _check_non_negative("cpu_onednn_cache_capacity", config.cpu_onednn_cache_capacity, "no cache")
     for name, engine in config.engines.items():
         _check_engine(name, engine)
     for name, role in config.roles.items():
@@ -472,10 +471,8 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
     if engine.compact_json and engine.structured_outputs_backend not in ("xgrammar", "guidance"):
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
-    if engine.block_size < 0:
-        raise ConfigError(f"{prefix}.block_size: must be >= 0 (0: vLLM's default for the platform)")
-    if engine.cpu_onednn_cache_capacity < 0:
-        raise ConfigError(f"{prefix}.cpu_onednn_cache_capacity: must be >= 0 (0 = no cache)")
+    _check_non_negative(f"{prefix}.block_size", engine.block_size, "vLLM's default for the platform")
+    _check_non_negative(f"{prefix}.cpu_onednn_cache_capacity", engine.cpu_onednn_cache_capacity, "no cache")
     replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if engine.executor_backend == "uni" and replica > 1:
         raise ConfigError(f"{prefix}.executor_backend: 'uni' runs one GPU per replica; tensor x pipeline "
@@ -512,6 +509,11 @@ def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
 def _check_positive(field: str, value: int) -> None:
     if value < 1:
         raise ConfigError(f"{field}: must be >= 1, got {value}")
+
+
+def _check_non_negative(field: str, value: int, zero_means: str) -> None:
+    if value < 0:
+        raise ConfigError(f"{field}: must be >= 0 (0 = {zero_means})")
 
 
 def check_bind(server: ServerConfig) -> None:
