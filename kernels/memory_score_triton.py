@@ -20,6 +20,7 @@ Kernel structure (each embedding row is read exactly once):
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -83,13 +84,21 @@ def memory_topk_triton(
         if keys is not None and keys.stride(1) != 1:
             raise ValueError(f"{name} rows must be contiguous (stride(1) == 1) for the Triton kernel")
 
-    sim, minmax = _launch_sim(query_q, query_c, is_captioned if use_caption else None, keys_q, keys_c, weights,
-                              LaunchShape(block_n, num_warps, num_stages))
-    usage = usage.to(torch.float32).contiguous()
-    success = success.to(torch.float32).contiguous()
-    top_score, top_ids = _launch_score_topk(sim, minmax, usage, success, labels.to(torch.int8).contiguous(),
-                                            k_eff, weights, block_score, score_warps)
-    return _launch_terms(top_ids, top_score, sim, minmax, usage, success, weights.eps)
+    # Triton launches on the calling thread's current CUDA device, not on the tensors' one: a store on
+    # GPU 7 called from a thread whose current device is 0 would fail (or read the wrong memory).
+    with on_device_of(keys_q):
+        sim, minmax = _launch_sim(query_q, query_c, is_captioned if use_caption else None, keys_q, keys_c,
+                                  weights, LaunchShape(block_n, num_warps, num_stages))
+        usage = usage.to(torch.float32).contiguous()
+        success = success.to(torch.float32).contiguous()
+        top_score, top_ids = _launch_score_topk(sim, minmax, usage, success, labels.to(torch.int8).contiguous(),
+                                                k_eff, weights, block_score, score_warps)
+        return _launch_terms(top_ids, top_score, sim, minmax, usage, success, weights.eps)
+
+
+def on_device_of(tensor: Tensor) -> AbstractContextManager:
+    """The tensor's GPU as the current CUDA device for the block (nothing for a CPU tensor)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else nullcontext()
 
 
 def _launch_sim(

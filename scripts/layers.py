@@ -4,8 +4,8 @@
 
 Layers, bottom to top (a module may import its own layer and the layers below it)::
 
-    config   mia_engine/config.py, every */config.py, coalesce.py, cpu_features.py, data.py, files.py,
-             onednn_cache.py, readiness.py, structs.py
+    config   mia_engine/config.py, every */config.py, coalesce.py, cpu_features.py, data.py, devices.py,
+             files.py, onednn_cache.py, readiness.py, structs.py
     models   mia_engine/models/
     engines  mia_engine/engines/
     memory, tools   one layer; memory and tools may import each other's config only
@@ -13,7 +13,7 @@ Layers, bottom to top (a module may import its own layer and the layers below it
     learner  mia_engine/learner/
     server   mia_engine/server/
     top      serve.py, services.py, batch.py, evaluate.py, eval_report.py, cli.py, index.py,
-             doctor.py, deploy/, __main__.py
+             doctor.py, contention.py, deploy/, __main__.py
 
 Every import counts: module level, inside functions, and under ``if TYPE_CHECKING:``. A module the
 script cannot place is reported too (add it to a layer here). Usage: ``python scripts/layers.py``
@@ -32,10 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS = ("config", "models", "engines", "memory/tools", "agent", "learner", "server", "top")
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
-CONFIG_MODULES = {"", "coalesce", "config", "cpu_features", "data", "files", "onednn_cache", "readiness", "structs"}
+CONFIG_MODULES = {"", "coalesce", "config", "cpu_features", "data", "devices", "files", "onednn_cache", "readiness",
+                  "structs"}
 """Top-level modules of the config layer ("" = the package's ``__init__``)."""
-TOP_MODULES = {"serve", "services", "batch", "evaluate", "eval_report", "cli", "index", "doctor", "deploy",
-               "__main__"}
+TOP_MODULES = {"serve", "services", "batch", "evaluate", "eval_report", "cli", "index", "doctor", "contention",
+               "deploy", "__main__"}
 PACKAGE_LAYERS = {"models": "models", "engines": "engines", "memory": "memory/tools", "tools": "memory/tools",
                   "agent": "agent", "learner": "learner", "server": "server"}
 

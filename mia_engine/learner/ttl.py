@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 import torch
 
+from ..devices import thread_binder
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .batching import GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
@@ -69,7 +70,8 @@ class TestTimeLearner:
         self._own_paths: set[Path] = set()
         self._pending: list[list[GRPOSample]] = []
         self._lock = asyncio.Lock()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttl-learner")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttl-learner",
+                                          initializer=thread_binder(config.device, "learning"))
         self._tasks: set[asyncio.Task] = set()
         self.on_update = on_update
         """Called with every ``UpdateReport`` (metrics, the ttl command's metrics file)."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .config import ScoreWeights
-from .index import VectorIndex
+from .index import GpuPlacement, VectorIndex
 
 ScoreFn = Callable[..., object]
 """``kernels.memory_score.memory_topk`` or anything with its contract."""
@@ -36,7 +36,7 @@ class ScoredRow(NamedTuple):
 class Bucket:
     """Key matrices (for the score) plus one FAISS index per label (for duplicate lookup)."""
 
-    def __init__(self, dim: int, device: torch.device, faiss_resources: object | None = None) -> None:
+    def __init__(self, dim: int, device: torch.device, faiss_resources: GpuPlacement | None = None) -> None:
         self._dim = dim
         self._device = device
         self._ids: list[str] = []
@@ -74,18 +74,31 @@ class Bucket:
         self._row_of[entry_id] = row
         self._by_label[is_correct].add(entry_id, key_q)
 
-    def remove(self, entry_id: str) -> None:
-        row = self._row_of.pop(entry_id)
-        last = len(self._ids) - 1
-        if row != last:  # fill the hole with the last row so the matrices stay dense
-            for tensor in (self._keys_q, self._keys_c, self._usage, self._success, self._labels):
-                tensor[row] = tensor[last]
-            moved = self._ids[last]
-            self._ids[row] = moved
-            self._row_of[moved] = row
-        self._ids.pop()
+    def remove_many(self, entry_ids: Sequence[str]) -> None:
+        """Drop these memories (all in the bucket). Each removal moves the last row into its hole, so
+        the matrices stay dense; the moves are worked out on row numbers first, then made with one
+        indexed copy per matrix, and each FAISS index gets one call (one compaction at most)."""
+        sources: dict[int, int] = {}  # row -> the row whose contents it takes
+        for entry_id in entry_ids:
+            row = self._row_of.pop(entry_id)
+            last = len(self._ids) - 1
+            source = sources.pop(last, last)
+            if row != last:  # fill the hole with the last row
+                moved = self._ids[last]
+                self._ids[row], self._row_of[moved], sources[row] = moved, row, source
+            self._ids.pop()
+        self._copy_rows(sources)
         for index in self._by_label.values():
-            index.remove(entry_id)
+            index.remove_many(entry_ids)
+
+    def _copy_rows(self, sources: dict[int, int]) -> None:
+        """Row r of every matrix takes the contents row ``sources[r]`` had (a gather, then a scatter)."""
+        if not sources:
+            return
+        dst = torch.tensor(list(sources), device=self._device)
+        src = torch.tensor(list(sources.values()), device=self._device)
+        for tensor in (self._keys_q, self._keys_c, self._usage, self._success, self._labels):
+            tensor[dst] = tensor[src]
 
     def set_counts(self, entry_id: str, num_uses: int, num_successes: int) -> None:
         row = self._row_of[entry_id]

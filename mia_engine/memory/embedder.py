@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..cpu_features import cpu_flags, has_native_bf16
+from ..devices import bind_thread, resolve_device
 from .config import EmbedderConfig
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class Embedder:
 
     def _serve(self) -> None:
         try:
+            bind_thread(resolve_device(self._config.device), "serving")
             self._load()
         except BaseException as err:  # handed to the constructor, which raises it
             self._loaded.set_exception(err)

@@ -6,16 +6,18 @@ Retrieval is plain cosine over past questions (no buckets, no counters): the Rou
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from .entries import MetaPlanHit, MetaPlanPair, vector_from_bytes
-from .index import VectorIndex
+from .index import GpuPlacement, VectorIndex
 
 
 class MetaPlanMemory:
     """In-memory state of the pairs; durability is the store's job."""
 
-    def __init__(self, dim: int, faiss_resources: object | None = None) -> None:
+    def __init__(self, dim: int, faiss_resources: GpuPlacement | None = None) -> None:
         self._dim = dim
         self._pairs: dict[str, MetaPlanPair] = {}  # insertion order = age order
         self._index = VectorIndex(dim, faiss_resources)
@@ -36,8 +38,11 @@ class MetaPlanMemory:
         self._index.add(pair.id, vector_from_bytes(pair.question_embedding, self._dim))
 
     def remove(self, pair_id: str) -> None:
-        if self._pairs.pop(pair_id, None) is not None:
-            self._index.remove(pair_id)
+        self.remove_many((pair_id,))
+
+    def remove_many(self, pair_ids: Iterable[str]) -> None:
+        """Drop these pairs (unknown ids are skipped) with one index call: one compaction at most."""
+        self._index.remove_many([pair_id for pair_id in pair_ids if self._pairs.pop(pair_id, None) is not None])
 
     def search(self, query: np.ndarray, k: int) -> list[MetaPlanHit]:
         return [MetaPlanHit(self._pairs[pair_id], sim) for pair_id, sim in self._index.search(query, k)]

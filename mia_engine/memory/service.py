@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 
 from ..coalesce import Coalescer
+from ..devices import thread_binder
 from .buckets import ScoreFn
 from .config import MemoryConfig
 from .consolidation import choose_rollouts
@@ -43,7 +44,7 @@ from .entries import (
     vector_to_bytes,
 )
 from .jsonl import decode_jsonl
-from .store import ExperienceStore, SearchQuery
+from .store import ExperienceStore, SearchQuery, store_device
 
 T = TypeVar("T")
 
@@ -108,7 +109,8 @@ class MemoryService:
         owns_encoder = encoder is None
         if encoder is None:
             encoder = await loop.run_in_executor(None, Embedder, config.embedder)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-store")
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory-store",
+                                      initializer=thread_binder(store_device(config), "serving"))
         opener = partial(ExperienceStore.open, data_dir, config, encoder.dim, clock=clock, score_fn=score_fn)
         try:
             store = await loop.run_in_executor(executor, opener)

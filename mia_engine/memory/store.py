@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import torch
 
+from ..devices import resolve_device
 from .blas import blas_thread_cap
 from .buckets import Bucket, ScoredRow, ScoreFn
 from .config import MemoryConfig
@@ -352,15 +353,13 @@ class ExperienceStore:
             logger.warning("memory snapshot failed, the journal keeps growing until one succeeds: %s", err)
 
     def _apply(self, change: Change) -> None:
-        for entry_id in change.delete_entries:
-            self._remove_entry(entry_id)
+        self._remove_entries(change.delete_entries)  # one batch: each index compacts once at most
         for entry in change.put_entries:
-            self._remove_entry(entry.id)
+            self._remove_entries((entry.id,))
             self._insert_entry(entry)
         for update in change.counts:
             self._set_counts(update)
-        for pair_id in change.delete_meta_plans:
-            self._meta_plans.remove(pair_id)
+        self._meta_plans.remove_many(change.delete_meta_plans)
         for pair in change.put_meta_plans:
             self._meta_plans.put(pair)
         if change.cleared_at is not None:
@@ -388,10 +387,14 @@ class ExperienceStore:
         bucket.add(entry.id, entry.is_correct, key_q, key_c, (entry.num_uses, entry.num_successes))
         self._entries[entry.id] = entry
 
-    def _remove_entry(self, entry_id: str) -> None:
-        entry = self._entries.pop(entry_id, None)
-        if entry is not None:
-            self._buckets[entry.bucket].remove(entry_id)
+    def _remove_entries(self, entry_ids: Iterable[str]) -> None:
+        by_bucket: dict[BucketKey, list[str]] = {}
+        for entry_id in entry_ids:
+            entry = self._entries.pop(entry_id, None)
+            if entry is not None:
+                by_bucket.setdefault(entry.bucket, []).append(entry_id)
+        for key, removed in by_bucket.items():
+            self._buckets[key].remove_many(removed)
 
     def _set_counts(self, update: CountUpdate) -> None:
         entry = self._entries.get(update.id)
@@ -474,9 +477,17 @@ def _chunks_by_bytes(records: Sequence[StoredRecord], max_bytes: int) -> list[li
 
 
 def _score_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    return torch.device(resolve_device(name))
+
+
+def store_device(config: MemoryConfig) -> str:
+    """The GPU the store's thread is bound to (``devices.bind_thread``): the score's, else the FAISS
+    index's (FAISS switches to its GPU and back to the thread's device for every call), else the CPU."""
+    for name in (config.score_device, config.index_device):
+        device = resolve_device(name)
+        if device != "cpu":
+            return device
+    return "cpu"
 
 
 def _default_score_fn() -> ScoreFn:

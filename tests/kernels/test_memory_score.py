@@ -366,3 +366,56 @@ def test_triton_on_gpu_matches_reference(dtype: torch.dtype) -> None:
         on_gpu = {name: (t.cuda() if isinstance(t, torch.Tensor) else t) for name, t in bucket.items()}
         got = memory_topk(**on_gpu, k=8, weights=WEIGHTS)  # "auto" -> triton on CUDA
         assert_same_result(ScoreResult(*(t.cpu() for t in got)), want, atol=1e-4)
+
+
+def test_the_kernel_launches_on_the_keys_device(run_triton: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton launches on the calling thread's current device: every launch runs under the keys' one."""
+    from contextlib import contextmanager
+
+    scoped: list[torch.device] = []
+    real = memory_score_triton.on_device_of
+
+    @contextmanager
+    def spy(tensor: torch.Tensor):
+        with real(tensor):
+            scoped.append(tensor.device)
+            yield
+            scoped.append(tensor.device)
+
+    monkeypatch.setattr(memory_score_triton, "on_device_of", spy)
+    bucket = make_bucket(300, 32, seed=5)
+    assert_same_result(run_triton(bucket, 3), memory_topk_ref(**bucket, k=3, weights=WEIGHTS))
+    assert len(scoped) == 2 and scoped[0] == scoped[1]  # entered once, around every launch
+
+
+def test_the_device_scope_is_the_tensors_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    entered: list[object] = []
+    monkeypatch.setattr(torch.cuda, "device", lambda device: entered.append(device) or "scope")
+
+    class OnGpu7:
+        is_cuda, device = True, torch.device("cuda", 7)
+
+    assert memory_score_triton.on_device_of(OnGpu7()) == "scope" and entered == [torch.device("cuda", 7)]
+    with memory_score_triton.on_device_of(torch.zeros(1)):  # a CPU tensor: nothing to select
+        pass
+    assert entered == [torch.device("cuda", 7)]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_triton_from_a_thread_on_another_gpu() -> None:
+    """A store on GPU 1 called from a thread whose current device is GPU 0."""
+    import threading
+
+    bucket = make_bucket(5_000, 384, batch=4, dtype=torch.float16, seed=12)
+    want = memory_topk_ref(**bucket, k=8, weights=WEIGHTS)
+    on_gpu1 = {name: (t.to("cuda:1") if isinstance(t, torch.Tensor) else t) for name, t in bucket.items()}
+    results: list[ScoreResult] = []
+
+    def call() -> None:
+        torch.cuda.set_device(0)
+        results.append(memory_topk(**on_gpu1, k=8, weights=WEIGHTS))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert_same_result(ScoreResult(*(t.cpu() for t in results[0])), want, atol=1e-4)
