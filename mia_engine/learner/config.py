@@ -7,6 +7,7 @@ objective, token-level mean over the Planner's own tokens, no KL term, lr 1e-6, 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 from ..structs import Frozen, require
@@ -35,7 +36,8 @@ class LearnerConfig(Frozen):
     give it a GPU of its own so training never slows the serving engines."""
     dtype: LearnerDtype = "float32"
     """Dtype of the base weights in the learner (bfloat16 on a GPU); LoRA weights stay float32 (PEFT
-    upcasts them) and are published in the serving engine's dtype."""
+    upcasts them; the optimizer updates them) and are published in the serving engine's dtype. Below
+    float32 the forward runs under autocast to this dtype, LoRA matmuls included; log-probs are float32."""
     lr: float = 1e-6
     """AdamW learning rate (paper: 1e-6)."""
     clip_eps: float = 0.2
@@ -56,6 +58,12 @@ class LearnerConfig(Frozen):
     micro_batch_size: int = 4
     """Sequences per forward/backward pass; gradients are accumulated and scaled so the result equals the
     full-batch gradient. Lower it when the learner runs out of memory."""
+    logit_chunk_size: int = 1024
+    """Positions (tokens, over the whole micro-batch) whose vocabulary logits exist at once when the
+    learner scores log-probs, forward and backward; the full (positions x vocabulary) logits never do.
+    A chunk costs this x vocabulary x at most ~15 bytes: 1024 positions of a 151,936-entry vocabulary
+    are 0.58 GiB of float32 logits and at most ~2.2 GiB at the chunk's peak, while matmuls of 1024 rows
+    still keep a GPU busy."""
     max_seq_len: int = 0
     """Longest prompt + completion (tokens) the learner trains on; longer rollouts are left out of the
     update (counted in ``StepResult.num_skipped_long``). 0 = no limit beyond the Planner engine's
@@ -79,6 +87,15 @@ class LearnerConfig(Frozen):
     disk; used only when it has room for ``num_checkpoints_kept`` + 2 adapters, in a folder of this
     instance's own (mode 0700, named after the data dir). A default Docker /dev/shm is 64 MB: a rank-64
     adapter of an 8B model is ~0.35 GB in bf16. Ignored when ``publish_dir`` is set."""
+    shared_dirs: list[str] = []
+    """Absolute paths of folders that every node of the Ray cluster mounts at the same path (an NFS
+    export, say); empty = none. Needed only when the Planner's engine has ``executor_backend = "ray"``:
+    its workers on other nodes load every adapter version by path, so the folders the learner writes
+    on this machine, ``publish_dir`` and the checkpoints under ``<data_dir>/adapters/<planner role>``
+    (served again at restart and rollback), must lie under one of these (a link counts where it
+    points); loading refuses the config otherwise, and a ``publish_tmpfs`` never qualifies (a tmpfs is
+    private to its node). Static folders, the model and a role's configured ``adapter``, are the
+    operator's to copy to every node, as for any vLLM engine on Ray (README "Past one box")."""
     num_reports_kept: int = 1024
     """Latest update reports the learner keeps in memory (``TestTimeLearner.reports``); older ones are
     dropped, so a server that learns for days does not grow with its update count."""
@@ -104,10 +121,13 @@ class LearnerConfig(Frozen):
         require(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         require(math.isfinite(self.weight_decay) and self.weight_decay >= 0,
                  f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        require(self.logit_chunk_size >= 1, f"learner.logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
         require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
         require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
         require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")
+        require(all(d.strip() and Path(d).expanduser().is_absolute() for d in self.shared_dirs),
+                f"learner.shared_dirs must hold absolute paths, got {self.shared_dirs}")
         require(self.num_reports_kept >= 1, f"learner.num_reports_kept must be >= 1, got {self.num_reports_kept}")
         require(self.num_checkpoints_kept >= 1,
                  f"learner.num_checkpoints_kept must be >= 1, got {self.num_checkpoints_kept}")

@@ -1,9 +1,10 @@
 """The Planner's test-time learner: a PEFT copy of the Planner that takes GRPO steps on judged rollouts.
 
-One ``step`` per batch (MIA algorithm 3, step 7): group advantages → padded micro-batches → clipped
-surrogate loss → accumulated gradients → clipped AdamW step on the LoRA weights only. A step that would
-make the policy non-finite is rejected and leaves the weights bit-identical, so one poisoned batch can
-never reach the serving engine. ``save_adapter`` writes the weights in the PEFT layout vLLM loads.
+One ``step`` per batch (MIA algorithm 3, step 7): group advantages → padded micro-batches → token
+log-probs (``logit_chunk_size`` positions' logits at a time) → clipped surrogate loss → accumulated
+gradients → clipped AdamW step on the LoRA weights only. A step that would make the policy non-finite
+is rejected and leaves the weights bit-identical, so one poisoned batch can never reach the serving
+engine. ``save_adapter`` writes the weights in the PEFT layout vLLM loads.
 
 Synchronous and not thread-safe: the server runs ``step`` in an executor, one call at a time.
 """
@@ -25,7 +26,8 @@ from safetensors.torch import load_file, save_file
 from ..files import atomic_dir
 from .batching import GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, micro_batches, prepare
 from .config import LearnerConfig
-from .grpo import grpo_loss, sequence_token_logprobs
+from .grpo import chunked_token_logprobs, grpo_loss
+from .model import autocast, decoder_and_head, load_peft_model
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -92,7 +94,8 @@ class PlannerLearner:
         self.publish_dtype = publish_dtype
         """Dtype of published adapters (the serving engine's); None = the LoRA weights' own (fp32)."""
         self.device = torch.device(config.device)
-        self.model = _load_peft_model(Path(base_dir), Path(adapter_dir), config)
+        self.model = load_peft_model(Path(base_dir), Path(adapter_dir), config)
+        self._decoder, self._head = decoder_and_head(self.model, config)
         self._adapter_config_text = (Path(adapter_dir) / ADAPTER_CONFIG).read_text()
         self._params = _lora_parameters(self.model)
         self._optimizer = self._new_optimizer()
@@ -247,11 +250,16 @@ class PlannerLearner:
                          normalizer=normalizer)
 
     def _token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """(b, K-1) log-probs of tokens start+1..T-1; logits only for the K = T − start positions needed."""
-        num_kept = batch.input_ids.shape[1] - batch.start
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            logits_to_keep=num_kept, use_cache=False).logits  # (b, K, V)
-        return sequence_token_logprobs(logits, batch.input_ids[:, batch.start:], self.config.temperature)
+        """(b, K-1) log-probs of tokens start+1..T-1 (K = T − start), ``logit_chunk_size`` positions'
+        logits at a time (``grpo.chunked_token_logprobs``): the (b, K, V) logits never exist."""
+        with autocast(self.config):
+            hidden = self._decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                   use_cache=False).last_hidden_state  # (b, T, H)
+            scored = hidden[:, batch.start:-1]  # (b, K-1, H): the last position scores no token
+            targets = batch.input_ids[:, batch.start + 1:]  # (b, K-1)
+            logp = chunked_token_logprobs(scored.reshape(-1, scored.shape[-1]), targets.reshape(-1), self._head,
+                                          self.config.temperature, self.config.logit_chunk_size)  # (b·(K-1),)
+        return logp.view(targets.shape)  # (b, K-1)
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """The KL reference: the same model with the adapter disabled."""
@@ -329,32 +337,6 @@ class _Summary:
 
 
 # ----- helpers --------------------------------------------------------------------------------------
-
-
-def _load_peft_model(base_dir: Path, adapter_dir: Path, config: LearnerConfig) -> torch.nn.Module:
-    """Base weights (frozen) in the configured dtype on the learner's device, adapter trainable."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, config.dtype))
-    base.to(torch.device(config.device))
-    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
-    if config.gradient_checkpointing:  # non-reentrant: the frozen embeddings' output needs no grad
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _disable_dropout(model)
-    # Train mode (Hugging Face checkpoints only when ``training``), with every dropout at 0 so the
-    # learner scores tokens with the same policy vLLM sampled from.
-    model.train()
-    return model
-
-
-def _disable_dropout(model: torch.nn.Module) -> None:
-    """Dropout off for good, whatever mode the model is put in (LoRA dropout, attention dropout)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
 
 
 def _lora_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
