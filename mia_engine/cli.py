@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
+from .devices import resolved_devices
 from .onednn_cache import bound_this_process
 
 PROG = "python -m mia_engine"
@@ -55,12 +56,23 @@ def _parser() -> argparse.ArgumentParser:
             cmd.add_argument("--epochs", type=int, default=1)
             cmd.add_argument("--metrics-out", type=Path, default=Path("ttl_metrics.jsonl"))
             cmd.add_argument("--plot", type=Path, default=Path("ttl_curves.png"))
-    doctor = sub.add_parser("doctor", help="check the GPU stack (memory kernel, a GRPO step, faiss-gpu); no vLLM")
+    init = sub.add_parser("init-adapter", help="write a zero-initialised LoRA adapter (B = 0) for a base model: "
+                          "the Planner's starting point for test-time learning")
+    init.add_argument("--base", type=Path, required=True, help="the base model's local folder (config.json)")
+    init.add_argument("--rank", type=int, required=True, help="LoRA rank r (<= the engine's max_lora_rank)")
+    init.add_argument("--out", type=Path, required=True, help="the adapter folder to create (must not exist)")
+    init.add_argument("--alpha", type=int, default=None, help="lora_alpha (default: 2 x rank)")
+    init.add_argument("--targets", default=None, help="comma-separated decoder projections to adapt "
+                      "(default: all seven, q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
+    init.add_argument("--seed", type=int, default=0, help="seed of the A matrices (default %(default)s)")
+    doctor = sub.add_parser("doctor", help="check the GPU stack (memory kernel, a GRPO step, faiss-gpu; on request "
+                            "searches under the learner); no vLLM")
     doctor.add_argument("--small", action="store_true", help="CPU sizes (automatic without a GPU)")
     doctor.add_argument("--layers", type=int, default=4, help="depth of the Qwen3-8B-shaped stack (default %(default)s)")
     doctor.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default %(default)s)")
     doctor.add_argument("--checks", type=_doctor_checks, default=None, metavar="LIST",
-                        help="comma-separated subset of kernel,grpo,faiss (default: all)")
+                        help="comma-separated checks among kernel,grpo,faiss,contention (default: "
+                             "kernel,grpo,faiss)")
     _eval_parser(sub)
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
@@ -155,10 +167,14 @@ def parse_config(argv: list[str], environ: Mapping[str, str] | None = None) -> t
 
 
 def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
+    """The config; for a command that starts the services, with every component device explicit
+    (``devices.resolved_devices``: ``cuda``/``auto`` become the GPU the budget counts)."""
     config = load_config(args.config, overrides)
-    if args.command == "serve" and not getattr(args, "dry_run", False):
+    if getattr(args, "dry_run", False):
+        return config
+    if args.command == "serve":
         check_bind(config.server)
-    return config
+    return resolved_devices(config) if args.command in ("serve", "run", "ttl", "eval") else config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import doctor
 
         args = _parser().parse_args(argv)
-        return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.CHECKS)
+        return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.DEFAULT_CHECKS)
+    if argv[:1] == ["init-adapter"]:  # needs no config
+        return _init_adapter(_parser().parse_args(argv))
     try:
         args, overrides = parse_args(argv)
         config = _load(args, overrides)
@@ -177,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "dry_run", False):
         return _dry_run(config)
+    if args.command == "serve" and _preflight(config) != 0:
+        return 2
     bound_this_process(config.cpu_onednn_cache_capacity)  # before the encoder's or learner's first matmul
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -213,18 +233,72 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dry_run(config: MIAConfig) -> int:
-    """``serve --dry-run``: the report on stdout (exit 0), or one line naming the field (exit 2)."""
-    from .deploy.budget import plan
+    """``serve --dry-run``: the report on stdout (exit 0), or one line naming the field (exit 2), after the
+    per-GPU table when a GPU is over-committed."""
     from .deploy.report import render
+
+    checked = _deployment_check(config, is_dry_run=True)
+    if checked is None:
+        return 2
+    result, adapter_lines = checked
+    print(render(config, result, adapter_lines))
+    return 0
+
+
+def _preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> int:
+    """What ``serve`` checks before it starts anything: the adapters that are not embedded ones, where the
+    config or this machine has GPUs the per-GPU budget (the dry run's), and that a Ray engine has a
+    cluster to join. 0 = start."""
+    environ = os.environ if environ is None else environ
+    ray = [name for name, engine in config.engines.items() if engine.executor_backend == "ray"]
+    if ray and not environ.get("RAY_ADDRESS"):  # Ray would start a private instance on this box's GPUs
+        print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
+              "RAY_ADDRESS=<head node>:6379 (README, 'Past one box')", file=sys.stderr)
+        return 2
+    return 0 if _deployment_check(config, is_dry_run=False) is not None else 2
+
+
+def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[str]] | None:
+    """The adapters' check and the GPU plan (None where ``serve`` plans no GPU); on a refusal it prints
+    the error (and the per-GPU table) to stderr and returns None."""
+    from .deploy.adapters import check_role_adapters
+    from .deploy.budget import OverCommitted, plan, plans_gpus
+    from .deploy.report import render_memory
     from .models.cache import default_home
-    from .models.embedded import model_dir
+    from .models.embedded import adapter_dir, model_dir
 
     home = Path(config.models.home).expanduser() if config.models.home else default_home()
+    models = lambda spec: model_dir(spec, home)  # noqa: E731
     try:
-        print(render(config, plan(config, lambda spec: model_dir(spec, home))))
-    except (ConfigError, FileNotFoundError, KeyError) as err:
+        adapter_lines = check_role_adapters(config, models, lambda spec, base: adapter_dir(spec, base, home),
+                                            include_embedded=is_dry_run)
+        result = plan(config, models) if is_dry_run or plans_gpus(config) else None
+    except OverCommitted as err:
+        print(render_memory(err.plan), file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return None
+    except (ConfigError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
+        return None
+    return result, adapter_lines
+
+
+def _init_adapter(args: argparse.Namespace) -> int:
+    """``init-adapter``: the folder on stdout, or one line naming the flag (exit 2)."""
+    from .models.lora import DECODER_LORA_TARGETS, init_adapter
+
+    targets = (DECODER_LORA_TARGETS if args.targets is None
+               else tuple(name.strip() for name in args.targets.split(",") if name.strip()))
+    if not (args.base / "config.json").is_file():
+        print(f"{PROG}: error: --base: {args.base} is not a local model folder (no config.json)", file=sys.stderr)
         return 2
+    try:
+        path = init_adapter(args.base, args.out, rank=args.rank, alpha=args.alpha, target_modules=targets,
+                            seed=args.seed)
+    except (ValueError, FileExistsError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
     return 0
 
 

@@ -444,7 +444,30 @@ def _check(config: MIAConfig) -> None:
         raise ConfigError(f"learner.temperature: {config.learner.temperature} must equal "
                           f"agent.planner_rollout_temperature ({config.agent.planner_rollout_temperature}), the "
                           "temperature the Planner's learned tokens are sampled at")
+    _check_ray_learner_dirs(config)
     _check_server(config.server)
+
+
+def _check_ray_learner_dirs(config: MIAConfig) -> None:
+    """A Planner engine on Ray loads each adapter version on other nodes: the learner's folders must be
+    under ``learner.shared_dirs`` (a publish tmpfs never is)."""
+    planner = config.agent.roles.planner
+    role = resolve_role(config, planner)[1] if planner in config.roles else None
+    if role is None or not role.adapter or config.engines[role.engine].executor_backend != "ray":
+        return  # no adapter (nothing is learned) or a local engine
+    engine, learner = role.engine, config.learner
+    where = f"the Planner's engine {engine} runs on Ray workers on other nodes, which"
+    if learner.publish_tmpfs and not learner.publish_dir:
+        raise ConfigError(f"learner.publish_tmpfs: {where} cannot read a tmpfs of this machine; leave it empty "
+                          "and set learner.publish_dir to a folder listed in learner.shared_dirs")
+    shared = [Path(d).expanduser().resolve() for d in learner.shared_dirs]
+    adapters = config.resolved_data_dir() / "adapters"
+    published = Path(learner.publish_dir).expanduser() if learner.publish_dir else adapters / "published"
+    for field, folder, what in (("learner.publish_dir", published, "its new adapter versions"),
+                                ("data_dir", adapters / planner, "its checkpoints (restart, rollback)")):
+        if not any(folder.resolve().is_relative_to(d) for d in shared):
+            raise ConfigError(f"{field}: {where} cannot read {what} in {folder} on this machine; put that folder "
+                              "on one every node mounts at the same path, listed in learner.shared_dirs")
 
 
 def _check_server(server: ServerConfig) -> None:

@@ -14,10 +14,13 @@ Every figure is a formula over the shapes (``shapes.py``) and config values, wri
   the LoRA (rank = the Planner engine's ``max_lora_rank``, all seven projections) in fp32 with its
   gradient and AdamW's two moments (16 bytes/parameter); activations with gradient checkpointing for
   ``micro_batch_size`` sequences of T = ``learner.max_seq_len`` (or the engine's ``max_model_len``):
-  checkpointed layer inputs (L·b·T·H), one layer recomputed (b·T·(8·H + 4·I)), both in the learner's
-  dtype, and the logits (b·T·V x (dtype + 4 + 4) bytes: the logits, their fp32 copy and logsumexp work).
+  checkpointed layer inputs (L·b·T·H), one layer recomputed (b·T·(8·H + 4·I)) and the final hidden
+  states with what the log-probs keep of them (b·T·4·H), all in the learner's dtype; and one chunk of
+  ``learner.logit_chunk_size`` positions' logits (C·V x (dtype + 13) bytes: the logits, their fp32
+  copy and the log-softmax backward's work).
 - **memory**: the encoder's weights (+ one batch of activations) on ``memory.embedder.device``; FAISS
-  vectors (fp32, question + caption per entry, plus Meta Plan pairs) on ``memory.index_device``; score
+  (fp32 question key + norm per memory and Meta Plan pair, removed rows awaiting compaction, the copy a
+  GPU flat index makes as it grows, FAISS's scratch: ``faiss_items``) on ``memory.index_device``; score
   key matrices (fp32, question + caption) on ``memory.score_device``; capacities from the store's
   hard limits (``memory.max_num_stored``, and ``max_num_meta_plans`` where it is lower).
 - The serving process pays one ``gpus.cuda_context_gib`` on every GPU it touches.
@@ -33,20 +36,24 @@ import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import msgspec
 
 from ..config import ConfigError, EngineConfig, MIAConfig, resolve_role
+from ..devices import gpu_index, resolved_devices, serving_device_fields
 from ..learner.config import LearnerConfig
+from ..memory.config import EmbedderConfig, MemoryConfig
 from .shapes import DTYPE_BYTES, DecoderShape, bert_params, decoder_shape, read_config
 
 GIB = 1024**3
 ACTIVATION_ROWS_PER_TOKEN = 4
 """Hidden-size-wide rows live per token at vLLM's activation peak (residual, norm out, attn out, o out)."""
 LOGIT_BYTES_FP32 = 13
-"""Bytes per logit, beyond the logits, at the learner's peak: the fp32 scaled logits kept for the
-log-softmax's backward and up to about three fp32 temporaries of its backward (a measured 15 B per
-logit with bf16 logits, 2 + 13: bench/RESULTS.md, GPU section)."""
+"""Bytes per logit of a log-prob chunk beyond the logits themselves, at the learner's peak: the fp32
+scaled logits and up to about three fp32 temporaries of the log-softmax's backward under autograd (a
+measured 2 + 13 B per bf16 logit), as for a head with trainable weights; the fused path of a frozen
+head needs less (its fp32 softmax and one copy in the model's dtype), so this is an upper bound."""
 
 
 class Item(msgspec.Struct, frozen=True):
@@ -84,8 +91,26 @@ class Plan(msgspec.Struct):
     notes: list[str]
 
 
+class OverCommitted(ConfigError):
+    """A GPU whose claims exceed its memory; ``plan`` holds every GPU's budget, to show the table."""
+
+    def __init__(self, message: str, result: Plan) -> None:
+        super().__init__(message)
+        self.plan = result
+
+
+def plans_gpus(config: MIAConfig) -> bool:
+    """Whether the config puts anything on a GPU (so a GPU budget applies): ``gpus.num_gpus``, an engine's
+    ``devices`` or Ray executor, or a component device naming CUDA (``auto`` alone does not)."""
+    return (config.gpus.num_gpus > 0 or any(e.devices or e.executor_backend == "ray" for e in config.engines.values())
+            or any(d.startswith("cuda") for d in serving_device_fields(config).values()))
+
+
 def plan(config: MIAConfig, model_dir: Callable[[str], Path]) -> Plan:
-    """The budget of every GPU of a config; ``model_dir`` maps ``EngineConfig.model`` to a folder."""
+    """The budget of every GPU of a config; ``model_dir`` maps ``EngineConfig.model`` to a folder.
+    ``cuda`` and ``auto`` component devices count as the GPU they resolve to (``devices.resolve_device``).
+    Raises ``OverCommitted`` for a GPU that cannot hold its claims, ``ConfigError`` for other refusals."""
+    config = resolved_devices(config, plans_gpus(config))
     shapes = {name: _shape(name, e.model, model_dir) for name, e in config.engines.items()}
     num_gpus = _num_gpus(config)
     capacity = int(config.gpus.memory_gib * GIB)
@@ -94,9 +119,10 @@ def plan(config: MIAConfig, model_dir: Callable[[str], Path]) -> Plan:
     for name, engine in config.engines.items():
         _place_engine(config, name, engine, shapes[name], gpus, notes)
     _place_serving_process(config, shapes, model_dir, gpus)
-    for budget in gpus.values():
-        _check_fits(budget)
-    return Plan(list(gpus.values()), shapes, notes)
+    result = Plan(list(gpus.values()), shapes, notes)
+    for budget in result.gpus:
+        _check_fits(budget, result)
+    return result
 
 
 def _shape(name: str, model: str, model_dir: Callable[[str], Path]) -> DecoderShape:
@@ -108,7 +134,7 @@ def _shape(name: str, model: str, model_dir: Callable[[str], Path]) -> DecoderSh
 
 def _num_gpus(config: MIAConfig) -> int:
     named = [d for e in config.engines.values() for d in e.devices]
-    named += [d for d in (_gpu_index(v) for v in _serving_devices(config).values()) if d is not None]
+    named += [d for d in (gpu_index(v) for v in serving_device_fields(config).values()) if d is not None]
     highest = max(named, default=-1) + 1
     if config.gpus.num_gpus and highest > config.gpus.num_gpus:
         field = next(f for f, v in _device_fields(config).items() if highest - 1 in v)
@@ -118,22 +144,8 @@ def _num_gpus(config: MIAConfig) -> int:
 
 def _device_fields(config: MIAConfig) -> dict[str, list[int]]:
     fields = {f"engines.{n}.devices": list(e.devices) for n, e in config.engines.items()}
-    fields.update({f: [g] for f, v in _serving_devices(config).items() if (g := _gpu_index(v)) is not None})
+    fields.update({f: [g] for f, v in serving_device_fields(config).items() if (g := gpu_index(v)) is not None})
     return fields
-
-
-def _serving_devices(config: MIAConfig) -> dict[str, str]:
-    memory = config.memory
-    return {"learner.device": config.learner.device, "memory.embedder.device": memory.embedder.device,
-            "memory.index_device": memory.index_device, "memory.score_device": memory.score_device}
-
-
-def _gpu_index(device: str) -> int | None:
-    if device == "cuda":
-        return 0
-    if device.startswith("cuda:"):
-        return int(device[5:])
-    return None
 
 
 def engine_dtype_bytes(engine: EngineConfig, shape: DecoderShape) -> int:
@@ -217,105 +229,147 @@ def _place_host_engine(name: str, engine: EngineConfig, shape: DecoderShape, gpu
 
 def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items: list[Item], share: int,
                       kv_tokens: int, gpus: dict[str, GpuBudget], notes: list[str]) -> None:
-    if engine.tensor_parallel_size > config.gpus.gpus_per_node:
-        raise ConfigError(f"engines.{name}.tensor_parallel_size: {engine.tensor_parallel_size} spans nodes "
-                          f"(gpus.gpus_per_node = {config.gpus.gpus_per_node}); split across nodes with "
-                          "pipeline_parallel_size")
-    world = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
-    nodes = math.ceil(world / config.gpus.gpus_per_node)
+    """One budget for every GPU of a Ray engine, all on other nodes: this box's Ray node advertises no GPU
+    (README "Past one box"), so its own GPUs stay with the local claims above. vLLM ranks the workers
+    node by node, so a tensor-parallel group stays on one node only while it divides the node's GPUs."""
+    tp, per_node = engine.tensor_parallel_size, config.gpus.gpus_per_node
+    replica = tp * engine.pipeline_parallel_size
+    if tp > per_node or (replica > per_node and per_node % tp):
+        raise ConfigError(f"engines.{name}.tensor_parallel_size: a group of {tp} GPUs would straddle nodes of "
+                          f"gpus.gpus_per_node = {per_node}; use a divisor of {per_node} and split across nodes "
+                          "with pipeline_parallel_size")
+    world = replica * engine.data_parallel_size
+    nodes = math.ceil(world / per_node)
     key = f"ray:{name}"
     gpus[key] = GpuBudget(key, int(config.gpus.memory_gib * GIB),
                           [Claim(f"engine {name} (each of {world} Ray GPUs)", f"engines.{name}.gpu_memory_utilization",
                                  items, share, kv_tokens)])
-    notes.append(f"engine {name}: Ray executor, TP {engine.tensor_parallel_size} x PP "
-                 f"{engine.pipeline_parallel_size} x DP {engine.data_parallel_size} = {world} GPUs on >= {nodes} "
-                 f"node(s) of {config.gpus.gpus_per_node}; start the Ray cluster first (README)")
+    notes.append(f"engine {name}: Ray executor, TP {tp} x PP {engine.pipeline_parallel_size} x DP "
+                 f"{engine.data_parallel_size} = {world} GPUs on >= {nodes} node(s) of {per_node}, none of them this "
+                 "box (start its Ray node with --num-gpus=0; README \"Past one box\")")
+    static = [engine.model] + [r.adapter for r in config.roles.values() if r.engine == name and r.adapter]
+    notes.append(f"engine {name}: every Ray node reads {', '.join(static)} at the same path")
     if importlib.util.find_spec("ray") is None:
-        notes.append(f"engine {name}: the ray package is not installed here (pip install 'ray[default]')")
+        notes.append(f"engine {name}: the ray package is not installed here (pip install -e '.[ray]')")
 
 
-def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int,
-                  num_logit_positions: int | None = None) -> list[Item]:
-    """The learner's GPU memory at its peak, for its longest micro-batch; logits for
-    ``num_logit_positions`` positions of it (default all: a completion may fill the sequence).
+def learner_items(learner: LearnerConfig, shape: DecoderShape, rank: int, max_model_len: int) -> list[Item]:
+    """The learner's GPU memory at its peak, for its longest micro-batch (b = ``micro_batch_size``
+    sequences of T = ``max_seq_len``, or the engine's ``max_model_len``).
 
-    Checked against a measured step (``python -m mia_engine doctor``; bench/RESULTS.md, GPU section:
-    within 1 % on an H200 at 4 and 36 layers of a Qwen3-8B-shaped stack, at the logits the step kept).
-    Per LoRA weight: fp32 weight, grad and two AdamW moments (16 B), and the step's rollback snapshot
-    of weight and moments (12 B, kept on the device). Per logit (every position may be a completion
-    token): the logits in the model's dtype and the fp32 log-softmax's forward and backward
-    (``grpo.sequence_token_logprobs``), LOGIT_BYTES_FP32 beyond the logits themselves."""
+    Checked against a measured step (``python -m mia_engine doctor``). Per LoRA weight: fp32 weight,
+    grad and two AdamW moments (16 B), and the step's rollback snapshot of weight and moments (12 B,
+    kept on the device). Per token, in the learner's dtype: every layer's checkpointed input (L·H), one
+    layer's recompute (8·H + 4·I), and the final hidden states the log-probs read, their flattened copy,
+    their per-position gradient rows kept for the backward and the gradient itself (4·H). The log-probs
+    (``grpo.chunked_token_logprobs``) make the logits of at most C = ``logit_chunk_size`` positions at a
+    time, so only one chunk's exist: C·V logits in the learner's dtype plus LOGIT_BYTES_FP32 each for
+    the fp32 log-softmax's forward and backward, whatever the sequence length. Summing the layers' and
+    the chunk's peaks over-counts a little: the chunks are done before the backward recomputes a layer."""
     b = DTYPE_BYTES[learner.dtype]
     lora = shape.lora_params_per_layer(rank) * shape.num_layers
-    seq = learner.micro_batch_size * (learner.max_seq_len or max_model_len)
-    logits = seq if num_logit_positions is None else learner.micro_batch_size * num_logit_positions
+    tokens = learner.micro_batch_size * (learner.max_seq_len or max_model_len)
+    per_token = (shape.num_layers + 8 + 4) * shape.hidden_size + 4 * shape.intermediate_size
+    chunk = min(learner.logit_chunk_size, tokens)
     return [
         Item("learner weights", shape.num_text_params * b),
         Item(f"learner LoRA r{rank} + grads + AdamW + rollback snapshot (fp32)", lora * (16 + 12)),
-        Item("learner activations (checkpointed)",
-             seq * (shape.num_layers * shape.hidden_size + 8 * shape.hidden_size + 4 * shape.intermediate_size) * b
-             + logits * shape.vocab_size * (b + LOGIT_BYTES_FP32)),
+        Item("learner activations (checkpointed)", tokens * per_token * b),
+        Item(f"learner log-probs ({chunk}-position logit chunk)", chunk * shape.vocab_size * (b + LOGIT_BYTES_FP32)),
     ]
 
 
 def memory_items(config: MIAConfig, encoder: dict) -> dict[str, list[Item]]:
     """Items of the memory components by the device field that places them."""
     memory, dim = config.memory, int(encoder["hidden_size"])
-    encoder_bytes = 2 if memory.embedder.dtype == "bfloat16" else 4
-    activations = memory.embedder.batch_size * int(encoder["max_position_embeddings"]) \
-        * (4 * dim + int(encoder["intermediate_size"])) * encoder_bytes
     # what the store can hold whatever the clear policy: its hard capacities (``max_num_entries`` is the
     # "cap" policy's softer target, and ``max_num_meta_plans = 0`` means "up to the hard capacity")
     entries = memory.max_num_stored
     pairs = min(memory.max_num_meta_plans or memory.max_num_stored, memory.max_num_stored)
-    vectors = (2 * entries + 2 * pairs) * dim * 4
     return {
-        "memory.embedder.device": [Item("encoder weights + activations",
-                                        bert_params(encoder) * encoder_bytes + activations)],
-        "memory.index_device": [Item(f"FAISS index ({entries} memories, {pairs} Meta Plan pairs)", vectors)],
+        "memory.embedder.device": [encoder_item(memory.embedder, encoder, "encoder")],
+        "memory.index_device": faiss_items(memory, dim, entries, pairs),
         "memory.score_device": [Item("score key matrices", 2 * entries * dim * 4)],
     }
+
+
+def encoder_item(embedder: EmbedderConfig, encoder: dict, what: str) -> Item:
+    """A sentence encoder (its ``config.json``): BERT weights and one batch of activations."""
+    dim, encoder_bytes = int(encoder["hidden_size"]), 2 if embedder.dtype == "bfloat16" else 4
+    activations = embedder.batch_size * int(encoder["max_position_embeddings"]) \
+        * (4 * dim + int(encoder["intermediate_size"])) * encoder_bytes
+    return Item(f"{what} weights + activations", bert_params(encoder) * encoder_bytes + activations)
+
+
+def faiss_items(memory: MemoryConfig, dim: int, entries: int, pairs: int) -> list[Item]:
+    """The store's FAISS indexes on a GPU (``memory/index.py``): one flat index per bucket and label plus
+    the Meta Plan index, each row a question key (fp32) and its L2 norm (fp32), each index holding up to
+    ``MAX_NUM_REMOVED_ROWS`` removed rows awaiting compaction; a GPU flat index reallocates its storage to
+    the exact size on every add, so the largest index is briefly held twice; and the scratch arena of the
+    store's one ``StandardGpuResources`` (``GPU_TEMP_MEMORY_BYTES``, set explicitly)."""
+    from ..memory.entries import Modality
+    from ..memory.index import GPU_TEMP_MEMORY_BYTES, MAX_NUM_REMOVED_ROWS
+
+    num_indexes = 2 * len(get_args(Modality)) * len(memory.categories) + 1
+    row_bytes = dim * 4 + 4
+    rows = entries + pairs + num_indexes * MAX_NUM_REMOVED_ROWS
+    return [
+        Item(f"FAISS index ({entries} memories, {pairs} Meta Plan pairs, {num_indexes} x "
+             f"{MAX_NUM_REMOVED_ROWS} removed rows)", rows * row_bytes),
+        Item("FAISS growth copy (largest index, on add)", (max(entries, pairs) + MAX_NUM_REMOVED_ROWS) * row_bytes),
+        Item("FAISS scratch (StandardGpuResources temp memory)", GPU_TEMP_MEMORY_BYTES),
+    ]
+
+
+_SERVING_PARTS = {"memory.embedder.device": "embedder", "memory.score_device": "score",
+                  "memory.index_device": "index", "tools.embedder.device": "search encoder",
+                  "learner.device": "learner"}
+"""How the dry run names each component of the serving process, by the field that places it."""
 
 
 def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], model_dir: Callable[[str], Path],
                            gpus: dict[str, GpuBudget]) -> None:
     by_field: dict[str, list[Item]] = {}
-    if _gpu_index(config.learner.device) is not None:
+    if gpu_index(config.learner.device) is not None:
         planner = config.agent.roles.planner
         engine_name = resolve_role(config, planner)[1].engine
         engine = config.engines[engine_name]
         by_field["learner.device"] = learner_items(config.learner, shapes[engine_name], engine.max_lora_rank,
                                                    engine.max_model_len)
-    devices = _serving_devices(config)
-    if any(_gpu_index(devices[f]) is not None for f in devices if f.startswith("memory.")):
-        encoder = read_config(_encoder_dir(config))
+    devices = serving_device_fields(config)
+    if any(gpu_index(devices[f]) is not None for f in devices if f.startswith("memory.")):
+        encoder = read_config(_encoder_dir(config.memory.embedder))
         by_field.update({f: items for f, items in memory_items(config, encoder).items()
-                         if _gpu_index(devices[f]) is not None})
+                         if gpu_index(devices[f]) is not None})
+    search = config.tools.embedder
+    if search != config.memory.embedder and gpu_index(search.device) is not None:  # else the one is shared
+        by_field["tools.embedder.device"] = [encoder_item(search, read_config(_encoder_dir(search)),
+                                                          "search encoder")]
     per_gpu: dict[int, list[tuple[str, Item]]] = {}
     for field, items in by_field.items():
-        per_gpu.setdefault(_gpu_index(devices[field]), []).extend((field, i) for i in items)  # type: ignore[arg-type]
+        per_gpu.setdefault(gpu_index(devices[field]), []).extend((field, i) for i in items)  # type: ignore[arg-type]
     for gpu, entries in sorted(per_gpu.items()):
         if str(gpu) not in gpus:
             raise ConfigError(f"{entries[0][0]}: GPU {gpu} does not exist (gpus.num_gpus = {len(gpus)})")
         items = [i for _, i in entries] + [Item("CUDA context", int(config.gpus.cuda_context_gib * GIB))]
         field = max(entries, key=lambda e: e[1].num_bytes)[0]  # the biggest user is the one to move
-        parts = sorted({f.split(".")[-1].replace("_device", "").replace("device", f.split(".")[-2])
-                        for f, _ in entries})
+        parts = sorted({_SERVING_PARTS[f] for f, _ in entries})
         gpus[str(gpu)].claims.append(Claim(f"serving process ({', '.join(parts)})", field, items,
                                            sum(i.num_bytes for i in items)))
 
 
-def _encoder_dir(config: MIAConfig) -> Path:
-    if config.memory.embedder.model_dir:
-        return Path(config.memory.embedder.model_dir).expanduser()
+def _encoder_dir(embedder: EmbedderConfig) -> Path:
+    if embedder.model_dir:
+        return Path(embedder.model_dir).expanduser()
     from ..memory.embedder import default_model_dir
 
     return default_model_dir()
 
 
-def _check_fits(budget: GpuBudget) -> None:
+def _check_fits(budget: GpuBudget, result: Plan) -> None:
     if budget.gpu == "host" or budget.used_bytes <= budget.capacity_bytes:  # host memory is not planned
         return
     last = budget.claims[-1]
-    raise ConfigError(f"{last.field}: GPU {budget.gpu} is over-committed: {budget.used_bytes / GIB:.1f} GiB "
-                      f"claimed of {budget.capacity_bytes / GIB:.1f} GiB ({', '.join(c.owner for c in budget.claims)})")
+    raise OverCommitted(f"{last.field}: GPU {budget.gpu} is over-committed: {budget.used_bytes / GIB:.1f} GiB "
+                        f"claimed of {budget.capacity_bytes / GIB:.1f} GiB "
+                        f"({', '.join(c.owner for c in budget.claims)})", result)

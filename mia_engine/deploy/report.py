@@ -6,7 +6,7 @@ from ..config import MIAConfig, resolve_role
 from .budget import GIB, Plan
 
 
-def render(config: MIAConfig, result: Plan) -> str:
+def render(config: MIAConfig, result: Plan, adapter_lines: list[str] = ()) -> str:
     lines = [f"MIA Engine dry run: {len(result.gpus)} GPU budget(s) of {config.gpus.memory_gib:g} GiB "
              "(from config.json files; no weights read)", "", "Models"]
     for name, shape in result.shapes.items():
@@ -17,15 +17,23 @@ def render(config: MIAConfig, result: Plan) -> str:
     for gpu in result.gpus:
         owners = ", ".join(c.owner for c in gpu.claims) or "idle"
         lines.append(f"  {_label(gpu.gpu):<10} {owners}")
-    lines += ["", "Memory per GPU (GiB)"]
+    lines += ["", render_memory(result)]
+    if adapter_lines:
+        lines += ["", "Adapters", *(f"  {line}" for line in adapter_lines)]
+    if result.notes:
+        lines += ["", "Notes", *(f"  {note}" for note in result.notes)]
+    return "\n".join(lines)
+
+
+def render_memory(result: Plan) -> str:
+    """Each GPU's claims and their items, in GiB (also printed when ``serve`` refuses a config)."""
+    lines = ["Memory per GPU (GiB)"]
     for gpu in result.gpus:
         capacity = f" of {gpu.capacity_bytes / GIB:.2f}" if gpu.capacity_bytes else " (host memory)"
         lines.append(f"  {_label(gpu.gpu)}: {gpu.used_bytes / GIB:.2f}{capacity} claimed")
         for claim in gpu.claims:
             lines.append(f"    {claim.owner}: {claim.share_bytes / GIB:.2f}")
             lines += [f"      {item.what:<62} {item.num_bytes / GIB:8.2f}" for item in claim.items]
-    if result.notes:
-        lines += ["", "Notes", *(f"  {note}" for note in result.notes)]
     return "\n".join(lines)
 
 

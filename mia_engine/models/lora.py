@@ -10,6 +10,14 @@ import torch
 from safetensors.torch import save_file
 
 
+DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Llama/Qwen-style decoder layer that an adapter may target: the ones vLLM's
+LoRA layers, PEFT and the learner all handle (the paper's Planner adapter targets all seven)."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ranks vLLM's ``max_lora_rank`` accepts; an adapter of rank r is served by an engine whose
+``max_lora_rank`` >= r."""
+
+
 def lora_shapes(config: dict, target_modules: list[str], prefix: str = "model") -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of every targeted linear layer of a Llama/Qwen-style decoder whose
     layers live under ``prefix`` (``model.language_model`` in a vision-language checkpoint)."""
@@ -80,3 +88,23 @@ def write_lora_adapter(
         "use_rslora": False,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+
+
+def init_adapter(base_dir: Path, out_dir: Path, *, rank: int, alpha: int | None = None,
+                 target_modules: tuple[str, ...] = DECODER_LORA_TARGETS, seed: int = 0) -> Path:
+    """A zero-initialised adapter for a text decoder (B = 0: it serves the base model unchanged until
+    trained, the paper's starting point), in the base model's dtype, written to a new folder."""
+    config = json.loads((base_dir / "config.json").read_text())
+    if "vision_config" in config:
+        raise ValueError(f"{base_dir}: a vision-language model; init-adapter writes adapters for text decoders")
+    unknown = sorted(set(target_modules) - set(DECODER_LORA_TARGETS))
+    if unknown or not target_modules:
+        raise ValueError(f"target modules must be some of {', '.join(DECODER_LORA_TARGETS)}, got {unknown or 'none'}")
+    if rank not in VLLM_LORA_RANKS:
+        raise ValueError(f"rank {rank} is not one vLLM serves ({', '.join(map(str, VLLM_LORA_RANKS))})")
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; give a new folder")
+    dtype = getattr(torch, str(config.get("torch_dtype") or config.get("dtype") or "float32"), torch.float32)
+    write_lora_adapter(out_dir, config, rank=rank, alpha=alpha or 2 * rank, target_modules=list(target_modules),
+                       seed=seed, b_std=0.0, base_model_name=str(base_dir), dtype=dtype)
+    return out_dir

@@ -94,14 +94,20 @@ def test_8xgpu_learner_gpu_budget_by_hand() -> None:
     # weight, grad, two AdamW moments, and the rollback snapshot of weight + moments, all fp32
     assert items["learner LoRA r64 + grads + AdamW + rollback snapshot (fp32)"] == QWEN3_8B_LORA_R64 * (16 + 12)
     tokens = 1 * 16384  # micro_batch_size x max_seq_len
-    # per logit: bf16 logits (2) + fp32 scaled logits (4) + the log-softmax backward's fp32 temporaries (9)
-    assert items["learner activations (checkpointed)"] == (
-        tokens * (36 * 4096 + 8 * 4096 + 4 * 12288) * 2 + tokens * 151_936 * (2 + 4 + 9))
-    # the store's hard capacities (memory.max_num_stored), memories and Meta Plan pairs alike
-    assert items["FAISS index (100000 memories, 100000 Meta Plan pairs)"] == (2 + 2) * 100_000 * 384 * 4
+    # per token, bf16: 36 checkpointed layer inputs, one layer's recompute (8 H + 4 I), the final hidden
+    # states, their flattened copy, their gradient rows kept for the backward and the gradient (4 H)
+    assert items["learner activations (checkpointed)"] == tokens * (36 * 4096 + 8 * 4096 + 4 * 12288 + 4 * 4096) * 2
+    # one chunk of logit_chunk_size = 1024 positions, whatever max_seq_len; per logit: bf16 logits (2)
+    # + fp32 scaled logits (4) + the log-softmax backward's fp32 temporaries (9)
+    assert items["learner log-probs (1024-position logit chunk)"] == 1024 * 151_936 * (2 + 4 + 9)
+    assert not any(what.startswith("FAISS index") for what in items)  # memory.index_device = "cpu"
+    # on GPU 7 when asked: the store's hard capacities (memory.max_num_stored), memories and Meta Plan pairs
+    on_gpu = _items(_plan(**{"memory.index_device": "cuda:7"}).gpus[7], "serving process")
+    assert on_gpu["FAISS index (100000 memories, 100000 Meta Plan pairs, 41 x 1024 removed rows)"] == (
+        (2 * 100_000 + 41 * 1024) * (384 + 1) * 4)  # key + norm per row; 41 indexes (see the FAISS test below)
     assert items["score key matrices"] == 2 * 100_000 * 384 * 4
     assert gpu7.used_bytes < gpu7.capacity_bytes
-    assert 60 * GIB < gpu7.used_bytes < 67 * GIB
+    assert 28 * GIB < gpu7.used_bytes < 33 * GIB
 
 
 def test_8xgpu_vl_gpu_counts_the_vision_profile_by_hand() -> None:
@@ -128,7 +134,7 @@ def test_32b_manager_split_over_two_gpus() -> None:
 
 @pytest.mark.parametrize("overrides, message", [
     ({"learner.device": "cuda:0"}, "learner.device: GPU 0 is over-committed"),
-    ({"learner.max_seq_len": 65536}, "learner.device: GPU 7 is over-committed"),
+    ({"learner.micro_batch_size": 8}, "learner.device: GPU 7 is over-committed"),  # 8 x 16k tokens
     ({"engines.qwen3-8b.gpu_memory_utilization": 0.2}, "engines.qwen3-8b.gpu_memory_utilization:"),
     ({"engines.qwen3-32b.devices": [5, 9]}, "engines.qwen3-32b.devices: GPU 9 does not exist"),
     ({"engines.qwen3-32b.executor_backend": "ray", "engines.qwen3-32b.devices": [],
@@ -159,16 +165,26 @@ def test_ray_engine_budgeted_per_ray_gpu() -> None:
     assert not result.gpus[5].claims  # the local GPUs it used to hold are free
 
 
-def test_cli_dry_run_prints_and_refuses(tmp_path: Path) -> None:
-    flags = [f"--{k}={v}" for k, v in MODELS.items()]
+@pytest.fixture(scope="module")
+def planner_adapter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Planner's adapter for the Qwen3-8B fixture, as an operator creates it (rank 8: small and fast)."""
+    from mia_engine.models.lora import init_adapter
+
+    return init_adapter(FIXTURES / "qwen3-8b", tmp_path_factory.mktemp("adapter") / "planner", rank=8)
+
+
+def test_cli_dry_run_prints_and_refuses(planner_adapter: Path) -> None:
+    flags = [f"--{k}={v}" for k, v in MODELS.items()] + [f"--roles.planner.adapter={planner_adapter}"]
     command = [sys.executable, "-m", "mia_engine", "serve", "--config", CONFIG, "--dry-run", *flags]
     ok = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "GPU 7" in ok.stdout and "learner weights" in ok.stdout and "KV cache" in ok.stdout
+    assert f"roles.planner.adapter: {planner_adapter} (rank 8, 7 target modules" in ok.stdout
     bad = subprocess.run([*command, "--learner.device=cuda:3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
-    assert "learner.device: GPU 3 is over-committed" in bad.stderr
+    *table, error = bad.stderr.strip().splitlines()  # the per-GPU table, then one line naming the field
+    assert error.startswith("python -m mia_engine: error: learner.device: GPU 3 is over-committed")
+    assert table[0] == "Memory per GPU (GiB)" and any("learner activations" in line for line in table)
 
 
 def test_an_idefics3_vision_tower_is_counted_exactly(tmp_path: Path) -> None:
@@ -184,3 +200,46 @@ def test_an_idefics3_vision_tower_is_counted_exactly(tmp_path: Path) -> None:
     counted = sum(p.numel() for name, p in model.named_parameters() if "vision_model" in name or "connector" in name)
     shape = decoder_shape(json.loads((tmp_path / "base" / "config.json").read_text()))
     assert shape.num_vision_params == counted
+
+
+@pytest.mark.parametrize("max_seq_len", [4096, 16384, 65536])
+def test_learner_log_probs_cost_one_logit_chunk_whatever_the_sequence_length(max_seq_len: int) -> None:
+    """The log-probs are made ``logit_chunk_size`` positions at a time: their term stays one chunk's
+    logits, and only the per-token activations grow with the sequence."""
+    from mia_engine.deploy.budget import learner_items
+    from mia_engine.learner.config import LearnerConfig
+
+    shape = decoder_shape(json.loads((FIXTURES / "qwen3-8b" / "config.json").read_text()))
+    config = LearnerConfig(dtype="bfloat16", micro_batch_size=1, max_seq_len=max_seq_len, logit_chunk_size=2048)
+    items = {i.what: i.num_bytes for i in learner_items(config, shape, 64, 32768)}
+    assert items["learner log-probs (2048-position logit chunk)"] == 2048 * 151_936 * (2 + 13)
+    assert items["learner activations (checkpointed)"] == max_seq_len * (48 * 4096 + 4 * 12288) * 2
+    short = learner_items(LearnerConfig(dtype="bfloat16", micro_batch_size=1, max_seq_len=100), shape, 64, 32768)
+    assert short[-1] == type(short[-1])("learner log-probs (100-position logit chunk)", 100 * 151_936 * 15)
+
+
+def test_faiss_on_a_gpu_counts_its_scratch_once_and_its_growth_copy() -> None:
+    """``memory.index_device = "cuda:7"``: the store's one ``StandardGpuResources`` reserves the scratch
+    ``memory/index.py`` sets (once, whatever the number of indexes); the flat indexes (2 labels x 2
+    modalities x 10 categories + the Meta Plan index = 41) hold a question key and its norm per row, up to
+    1024 removed rows each, and the largest is held twice while FAISS reallocates it on an add. On "cpu",
+    none of it."""
+    from mia_engine.memory.index import GPU_TEMP_MEMORY_BYTES, MAX_NUM_REMOVED_ROWS
+
+    assert (GPU_TEMP_MEMORY_BYTES, MAX_NUM_REMOVED_ROWS) == (64 * 1024**2, 1024)
+    serving = next(c for c in _plan(**{"memory.index_device": "cuda:7"}).gpus[7].claims
+                   if c.owner.startswith("serving process"))
+    faiss_items = {i.what: i.num_bytes for i in serving.items if i.what.startswith("FAISS")}
+    row = (384 + 1) * 4
+    assert faiss_items == {
+        "FAISS index (100000 memories, 100000 Meta Plan pairs, 41 x 1024 removed rows)": (200_000 + 41 * 1024) * row,
+        "FAISS growth copy (largest index, on add)": (100_000 + 1024) * row,
+        "FAISS scratch (StandardGpuResources temp memory)": 64 * 1024**2,
+    }
+    assert sum(i.what.startswith("FAISS scratch") for i in serving.items) == 1
+    fewer_pairs = _items(_plan(**{"memory.index_device": "cuda:7", "memory.max_num_meta_plans": 500}).gpus[7],
+                         "serving process")
+    assert fewer_pairs["FAISS index (100000 memories, 500 Meta Plan pairs, 41 x 1024 removed rows)"] == (
+        (100_500 + 41 * 1024) * row)
+    on_cpu = _items(_plan(**{"memory.index_device": "cpu"}).gpus[7], "serving process")
+    assert not any(what.startswith("FAISS") for what in on_cpu)
