@@ -35,6 +35,10 @@ class LoRAHost(Protocol):
 
     async def remove_lora(self, lora_id: int) -> bool: ...
 
+    async def loaded_loras(self) -> list[set[int]]:
+        """The LoRA ids each data-parallel replica holds, in rank order."""
+        ...
+
 
 @dataclass
 class AdapterVersion:
@@ -50,7 +54,14 @@ class AdapterVersion:
 
 
 def check_adapter_dir(path: Path, max_rank: int) -> None:
-    """Reject what vLLM would reject deep inside its worker, with a message that says why."""
+    """Reject what vLLM would reject deep inside its worker, with a message that says why (reads every
+    tensor: blocking, run it off the event loop)."""
+    _check_weights(path, read_adapter_config(path, max_rank)["r"])
+
+
+def read_adapter_config(path: Path, max_rank: int) -> dict:
+    """The adapter's ``adapter_config.json``, refused unless it is a plain LoRA of rank 1..``max_rank``
+    with both PEFT files present (no tensor is read)."""
     config_file = path / "adapter_config.json"
     if not config_file.is_file() or not (path / "adapter_model.safetensors").is_file():
         raise AdapterError(f"{path}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
@@ -58,12 +69,12 @@ def check_adapter_dir(path: Path, max_rank: int) -> None:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as err:
         raise AdapterError(f"{config_file}: unreadable: {err}") from None
-    if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
         raise AdapterError(f"{path}: only plain LoRA adapters are supported")
     rank = config.get("r")
     if not isinstance(rank, int) or not 0 < rank <= max_rank:
         raise AdapterError(f"{path}: rank {rank!r} is not in 1..{max_rank} (engine max_lora_rank)")
-    _check_weights(path, rank)
+    return config
 
 
 def _check_weights(path: Path, rank: int) -> None:
@@ -107,6 +118,11 @@ class AdapterRegistry:
         """Live versions, then retired ones still finishing their requests."""
         return list(self._current.values()) + list(self._draining.values())
 
+    async def loaded_loras(self, role: str) -> list[set[int]]:
+        """The LoRA ids each data-parallel replica of the role's engine holds, in rank order: a published
+        version is in every set, a drained one in none."""
+        return await self._hosts[role].loaded_loras()
+
     def on_publish(self, listener: Callable[[AdapterVersion], Awaitable[None] | None]) -> None:
         self._listeners.append(listener)
 
@@ -122,7 +138,8 @@ class AdapterRegistry:
         if host is None:
             raise AdapterError(f"role {role!r} has no adapter")
         path = path.resolve()
-        check_adapter_dir(path, host.max_lora_rank)
+        # Every tensor is read and checked: hundreds of MB for an 8B model's adapter, so off the loop.
+        await asyncio.to_thread(check_adapter_dir, path, host.max_lora_rank)
         async with self._locks[role]:
             old = self._current.get(role)
             if old is not None and old.path == path:

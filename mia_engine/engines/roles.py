@@ -28,7 +28,7 @@ from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
 from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelCard,
                      SamplingOptions, TokenLogprob, TopLogprob)
-from .startup import applied_env, spawn_env, start_groups, use_spawn
+from .startup import applied_env, process_state_kept, spawn_env, start_groups, use_spawn
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,7 @@ class RoleServer:
                 path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
                 engines.append(VLLMEngine(name, engine_config, path))
                 log.info("starting engine %s from %s", name, path)
-            with applied_env(spawn_env(engines[0].config)):  # the group's members need the same one
-                results = await asyncio.gather(*(e.start(config_lock) for e in engines), return_exceptions=True)
+            results = await start_together(engines, config_lock)
             for engine in engines:  # registered even when a sibling failed, so shutdown() stops them
                 self.engines[engine.name] = engine
                 self._targets[engine.name] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
@@ -215,6 +214,16 @@ class RoleServer:
                 raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None
             except (ValueError, VLLMClientError) as err:  # some checks run only when the request is added
                 raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
+
+
+async def start_together(engines: Sequence[VLLMEngine], config_lock: threading.Lock) -> list[BaseException | None]:
+    """Start a group of engines concurrently (``startup.start_groups`` made it); one result per engine,
+    an exception where it failed. The group's spawn environment is set around the starts, and what vLLM
+    changes in this process meanwhile is undone once they are up (``startup.process_state_kept``)."""
+    configs = [engine.config for engine in engines]
+    with applied_env(spawn_env(configs[0])), process_state_kept(configs):  # the members need the same one
+        results = await asyncio.gather(*(e.start(config_lock) for e in engines), return_exceptions=True)
+    return [result if isinstance(result, BaseException) else None for result in results]
 
 
 _SENTINEL = "\u2063MIA-ASSISTANT-TURN\u2063"

@@ -28,11 +28,13 @@ from __future__ import annotations
 import ctypes.util
 import logging
 import os
+import sys
 import zlib
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from ..devices import serving_device_fields
 from ..onednn_cache import onednn_cache_env
 from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
 
@@ -63,12 +65,7 @@ def use_spawn(environ: dict[str, str] | None = None) -> None:
 
 def cuda_components(config: MIAConfig) -> list[str]:
     """Config fields that put a non-engine component on a GPU of this process (empty: none does)."""
-    fields = {
-        "memory.embedder.device": config.memory.embedder.device,
-        "memory.score_device": config.memory.score_device,
-        "memory.index_device": config.memory.index_device,
-        "learner.device": config.learner.device,
-    }
+    fields = serving_device_fields(config)
     return [name for name, device in fields.items() if device == "auto" or device.startswith("cuda")]
 
 
@@ -119,6 +116,38 @@ def applied_env(wanted: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextmanager
+def process_state_kept(configs: Sequence[EngineConfig]) -> Iterator[None]:
+    """Undo what vLLM's start-up writes into this process while a group of engines starts: environment
+    variables (its CPU platform sets ``LD_PRELOAD``, ``LOCAL_WORLD_SIZE``, ...; on a GPU its in-process
+    executor sets ``OMP_NUM_THREADS``) and torch's intra-op thread count (lowered and restored around each
+    engine's spawn). Each start sets and restores these process-wide, so starts running in parallel
+    threads interleave, and whichever restores last leaves its value behind. The engines' own processes
+    have inherited what they need by the time the group is up. An engine that runs in this process
+    (``uni`` on a CPU) keeps the thread count its model set."""
+    environ, num_threads = dict(os.environ), _torch_threads()
+    try:
+        yield
+    finally:
+        changed = sorted(k for k in set(environ) | set(os.environ) if environ.get(k) != os.environ.get(k))
+        os.environ.clear()
+        os.environ.update(environ)
+        is_in_process = any(spawn_env(c).get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" for c in configs)
+        if num_threads is not None and not is_in_process and _torch_threads() != num_threads:
+            import torch
+
+            torch.set_num_threads(num_threads)
+            changed.append("torch.get_num_threads()")
+        if changed:
+            log.debug("restored what the engines' start changed in this process: %s", ", ".join(changed))
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op thread count, where torch is already imported (nothing to keep otherwise)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def start_groups(engines: Mapping[str, EngineConfig]) -> list[list[str]]:

@@ -150,6 +150,12 @@ class VLLMEngine:
     async def remove_lora(self, lora_id: int) -> bool:
         return await self._llm.remove_lora(lora_id)
 
+    async def loaded_loras(self) -> list[set[int]]:
+        """The LoRA ids each data-parallel replica holds, in rank order (one set per replica). vLLM sends
+        ``add_lora``/``remove_lora`` to every replica but answers ``list_loras`` from the first one only,
+        so each is asked through its engine-core client's ``call_utility_all_async``."""
+        return [set(ids) for ids in await self._llm.engine_core.call_utility_all_async("list_loras")]
+
     def shutdown(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()

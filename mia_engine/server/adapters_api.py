@@ -2,11 +2,14 @@
 
 Publishing loads a PEFT folder that is already on the server's disk (the learner writes them; an
 operator can too) as the role's next version: new requests use it at once, running ones finish on
-theirs. Listing needs the API key; publishing needs the admin key and an admin admission slot.
+theirs. The listing asks the engines which data-parallel replicas hold each version (a published
+version must be on every replica of its role's engine). Listing needs the API key; publishing needs
+the admin key and an admin admission slot.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import msgspec
@@ -20,6 +23,8 @@ from .admission import Admission
 from .body import read_json
 from .errors import BadRequest, NotFound
 from .openapi import ApiRoute
+
+log = logging.getLogger(__name__)
 
 
 class PublishRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -35,10 +40,30 @@ class AdapterInfo(msgspec.Struct):
     in_flight: int
     is_live: bool
     """False for a replaced version that still finishes its in-flight requests."""
+    loaded_replicas: list[int] | None = None
+    """The data-parallel replicas (ranks) of the role's engine that hold this version; None when the
+    engine did not answer (it is stopping or dead)."""
+    num_replicas: int | None = None
+    """The data-parallel replicas of the role's engine; None when the engine did not answer."""
 
 
-def _info(v: AdapterVersion) -> AdapterInfo:
-    return AdapterInfo(v.role, v.version, v.lora_id, str(v.path), v.in_flight, not v.is_retired)
+def _info(v: AdapterVersion, loaded: list[set[int]] | None = None) -> AdapterInfo:
+    replicas = None if loaded is None else [rank for rank, ids in enumerate(loaded) if v.lora_id in ids]
+    return AdapterInfo(v.role, v.version, v.lora_id, str(v.path), v.in_flight, not v.is_retired, replicas,
+                       None if loaded is None else len(loaded))
+
+
+async def _loaded_by_role(registry: AdapterRegistry, roles: set[str]) -> dict[str, list[set[int]] | None]:
+    """Each role's ``AdapterRegistry.loaded_loras``, one engine query per role; None for an engine that
+    did not answer, so the listing still shows what the registry knows."""
+    loaded: dict[str, list[set[int]] | None] = {}
+    for role in sorted(roles):
+        try:
+            loaded[role] = await registry.loaded_loras(role)
+        except Exception as err:  # an engine that is stopping or dead: vLLM raises assorted errors
+            log.warning("could not list the adapters loaded on %s's engine: %s", role, err)
+            loaded[role] = None
+    return loaded
 
 
 class AdapterList(msgspec.Struct):
@@ -53,7 +78,9 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
     decoder = msgspec.json.Decoder(PublishRequest)
 
     async def list_adapters(request: Request) -> Response:
-        infos = [_info(v) for v in registry.versions()]
+        versions = registry.versions()
+        loaded = await _loaded_by_role(registry, {v.role for v in versions})
+        infos = [_info(v, loaded[v.role]) for v in versions]
         return Response(msgspec.json.encode(AdapterList(infos)), media_type="application/json")
 
     async def publish(request: Request) -> Response:
@@ -70,7 +97,8 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
                 raise BadRequest(str(err), param="path") from None
             except (OSError, ValueError) as err:  # a path the OS refuses (too long, bad bytes, ...)
                 raise BadRequest(f"path cannot be read: {type(err).__name__}", param="path") from None
-        return Response(msgspec.json.encode(_info(version)), media_type="application/json")
+        loaded = await _loaded_by_role(registry, {role})
+        return Response(msgspec.json.encode(_info(version, loaded[role])), media_type="application/json")
 
     return [
         ApiRoute("/v1/adapters", list_adapters, method="GET", summary="Adapter versions served",

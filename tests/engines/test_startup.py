@@ -115,15 +115,21 @@ def test_cuda_components_named_by_field() -> None:
 
 
 async def _start_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict) -> list[str]:
-    """Real Services wiring; spies on the engine start and on torch's lazy CUDA initialisation."""
+    """Real Services wiring; spies on the engine start and on torch's first CUDA calls (its lazy CUDA
+    initialisation, and the device a component's thread is bound to)."""
     calls: list[str] = []
-    real_lazy_init = torch.cuda._lazy_init
+    real_lazy_init, real_set_device = torch.cuda._lazy_init, torch.cuda.set_device
 
     def spy_lazy_init() -> None:
         calls.append("cuda-init")
         real_lazy_init()  # raises on this CPU machine, as a GPU-less torch does
 
+    def spy_set_device(device: object) -> None:
+        calls.append("cuda-init")
+        real_set_device(device)  # raises here too
+
     monkeypatch.setattr(torch.cuda, "_lazy_init", spy_lazy_init)
+    monkeypatch.setattr(torch.cuda, "set_device", spy_set_device)
     services = Services(load_config("tiny", {"data_dir": str(tmp_path), **overrides}))
 
     async def engines_start() -> None:
@@ -151,3 +157,29 @@ async def test_cpu_only_config_keeps_memory_before_engines(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     calls = await _start_order(tmp_path, monkeypatch, {})
     assert calls == ["memory", "engines"]
+
+
+@pytest.mark.slow
+async def test_engines_started_together_leave_this_process_as_it_was(tmp_path: Path) -> None:
+    """Two tiny engines start concurrently, as disjoint GPU engines do on the 8-GPU box: whatever vLLM's
+    start-up writes into this process (environment variables, torch's thread count) is undone once they
+    are up, however the two starts interleaved."""
+    import threading
+
+    from mia_engine.engines.roles import start_together
+    from mia_engine.models.embedded import model_dir
+
+    use_spawn()
+    config = load_config("tiny").engines["tiny"]
+    engines = [VLLMEngine(name, config, model_dir(config.model, tmp_path / "home")) for name in ("a", "b")]
+    environ, num_threads = dict(os.environ), torch.get_num_threads()
+    try:
+        results = await start_together(engines, threading.Lock())
+        assert results == [None, None] and all(engine.is_running for engine in engines)
+        changed = {k: (environ.get(k), os.environ.get(k)) for k in set(environ) | set(os.environ)
+                   if environ.get(k) != os.environ.get(k)}
+        assert changed == {}
+        assert torch.get_num_threads() == num_threads
+    finally:
+        for engine in engines:
+            engine.shutdown()
