@@ -9,10 +9,14 @@ Three checks, each a line ``PASS|FAIL|SKIP name: detail``:
 2. **GRPO step**: one ``PlannerLearner.step`` of a rank-64 LoRA (q, k, v, o, gate, up, down) on a
    Qwen3-8B-shaped stack with random weights: full width, ``--layers`` deep (default 4; the memory of
    the 36-layer model follows from the per-layer figures, which the dry run's formula is shown
-   beside), bf16, gradient checkpointing, micro-batches of 1, two groups of four sequences of
-   ``--seq-len`` tokens; the second step's time (the first also builds the optimizer state) and the
-   peak GPU memory over both. ``--layers 36 --checks grpo`` steps the whole model.
+   beside), bf16, gradient checkpointing, micro-batches of 1, about 32k tokens a step in sequences of
+   ``--seq-len`` tokens (8 x 4096, 2 x 16384); the second step's time (the first also builds the
+   optimizer state), per step and per token, its share of the GPU's bf16 peak, and the peak GPU
+   memory over both. ``--layers 36 --checks grpo`` steps the whole model.
 3. **faiss-gpu**: an exact inner-product search over 1M x 384 on the GPU, when FAISS has GPU support.
+4. **contention** (only when asked: ``--checks contention``): memory searches while the learner takes
+   GRPO steps on the same GPU, with the serving process's stream priorities and, for comparison, on the
+   shared default stream (``contention.py``); it fails where the priority streams miss their goals.
 
 ``--small`` (automatic without a GPU) runs the same code at CPU sizes (the kernel under Triton's
 interpreter), says what it skipped, and exits 0 unless a check failed.
@@ -33,6 +37,13 @@ QWEN3_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads
 SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
          "intermediate_size": 768, "vocab_size": 4096}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TOKENS_PER_STEP = 32768
+"""Tokens in the doctor's GRPO step, cut into sequences of ``--seq-len`` (8 x 4096, 2 x 16384): steps at
+different lengths take about the same time, and their per-token times compare."""
+BF16_DENSE_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200 NVL", 835.0),
+                     ("H200", 989.4), ("A100", 312.0))
+"""bf16 dense tensor-core peak (TFLOP/s, NVIDIA's datasheets, without sparsity) by a part of torch's
+device name, most specific first; a GPU not listed gets "peak unknown"."""
 
 
 class Check(msgspec.Struct, frozen=True):
@@ -42,11 +53,13 @@ class Check(msgspec.Struct, frozen=True):
     detail: str
 
 
-CHECKS = ("kernel", "grpo", "faiss")
+CHECKS = ("kernel", "grpo", "faiss", "contention")
 """What ``--checks`` can pick, in the order they run."""
+DEFAULT_CHECKS = ("kernel", "grpo", "faiss")
+"""What runs without ``--checks``."""
 
 
-def run(is_small: bool, num_layers: int, seq_len: int, checks: tuple[str, ...] = CHECKS) -> list[Check]:
+def run(is_small: bool, num_layers: int, seq_len: int, checks: tuple[str, ...] = DEFAULT_CHECKS) -> list[Check]:
     import torch
 
     has_gpu = torch.cuda.is_available()
@@ -56,7 +69,8 @@ def run(is_small: bool, num_layers: int, seq_len: int, checks: tuple[str, ...] =
     device = "cpu" if is_small and not has_gpu else "cuda"
     chosen = {"kernel": ("memory kernel", lambda: check_kernel(device, is_small)),
               "grpo": ("GRPO step", lambda: check_grpo_step(device, is_small, num_layers, seq_len)),
-              "faiss": ("faiss-gpu", lambda: check_faiss_gpu(has_gpu, is_small))}
+              "faiss": ("faiss-gpu", lambda: check_faiss_gpu(has_gpu, is_small)),
+              "contention": ("contention", lambda: check_contention(device, is_small))}
     return [_guarded(*chosen[name]) for name in CHECKS if name in checks]
 
 
@@ -101,6 +115,14 @@ def check_kernel(device: str, is_small: bool) -> Check:
 
 
 def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) -> Check:
+    """One GRPO step of the Qwen3-8B-shaped stack (see the module docstring): time a step and a token, peak
+    GPU memory against the dry run's formula, and the share of the GPU's bf16 dense peak.
+
+    Model FLOPs of a step = 6·N·tokens (N = the stack's parameters, embeddings included): 2·N·tokens for
+    the forward, 2 for the gradient checkpointing's recompute and 2 for the backward, which computes the
+    frozen base weights' input gradients only (the LoRA matmuls are not counted). The second share adds
+    causal attention, 8·L·T²·(heads x head_dim) a sequence (its forward 2·L·T²·d, recomputed, and its
+    backward twice that), which grows with T: per token it is 4x larger at 16k than at 4k."""
     import torch
 
     from .deploy.budget import GIB, learner_items
@@ -113,36 +135,64 @@ def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) 
     seq_len = 64 if is_small else seq_len
     config = LearnerConfig(device=device, dtype="float32" if device == "cpu" else "bfloat16", lr=1e-6,
                            micro_batch_size=1, gradient_checkpointing=True, max_grad_norm=1.0)
+    samples = _samples(shape["vocab_size"], seq_len)
     with tempfile.TemporaryDirectory(prefix="mia-doctor-") as tmp:
         base, adapter = _random_stack(Path(tmp), shape, device)
         learner = PlannerLearner(base, adapter, config, publish_dtype=torch.bfloat16)
-        samples = _samples(shape["vocab_size"], seq_len)
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        result = learner.step(samples)  # the first step also builds the optimizer state and CUDA's kernels
-        if device == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        if result.is_accepted:
-            result = learner.step(samples)  # the time a step takes in steady state; the peak covers both
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
+        seconds, result = _timed_step(learner, samples, device)
     if not result.is_accepted:
         return Check("GRPO step", "FAIL", f"the step was rejected: {result.reason}")
-    budget = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len))
-    kept = seq_len - min(len(s.prompt_ids) for s in samples) + 1  # logits from the last prompt token on
-    estimate = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len, kept))
+    num_tokens = len(samples) * seq_len
     where = (f"{shape['num_hidden_layers']} layers x {shape['hidden_size']} wide, r64 LoRA, "
              f"{len(samples)} x {seq_len} tokens")
+    timing = f"{seconds:.2f} s a step, {seconds / num_tokens * 1e6:.1f} us a token"
     if device == "cpu":
-        return Check("GRPO step", "PASS", f"{where} (CPU size) in {seconds:.2f} s; no GPU: peak memory and the "
-                     "Qwen3-8B-shaped step not measured")
+        return Check("GRPO step", "PASS", f"{where} (CPU size): {timing}; no GPU: peak memory, share of the bf16 "
+                     "peak and the Qwen3-8B-shaped step not measured")
     peak = torch.cuda.max_memory_allocated()
-    return Check("GRPO step", "PASS", f"{where}: {seconds:.2f} s a step, peak {peak / GIB:.2f} GiB (dry-run "
-                 f"formula {estimate / GIB:.2f} GiB at the {kept} positions it keeps logits for; the dry run "
-                 f"budgets {budget / GIB:.2f} GiB, logits for every position)")
+    estimate = sum(i.num_bytes for i in learner_items(config, decoder_shape(shape), 64, seq_len))
+    flops = step_flops(decoder_shape(shape), len(samples), seq_len)
+    share = peak_share(flops, seconds, torch.cuda.get_device_name())
+    return Check("GRPO step", "PASS", f"{where}: {timing}, {share}; peak "
+                 f"{peak / GIB:.2f} GiB (dry-run formula {estimate / GIB:.2f} GiB)")
+
+
+def _timed_step(learner: object, samples: list, device: str) -> tuple[float, object]:
+    """Seconds of the second step (the first also builds the optimizer state and CUDA's kernels) and its
+    result; the CUDA peak-memory counter is reset before the first, so the peak covers both."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    result = learner.step(samples)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    if result.is_accepted:
+        result = learner.step(samples)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started, result
+
+
+def step_flops(shape: object, num_sequences: int, seq_len: int) -> tuple[float, float]:
+    """(6·N·tokens, causal attention's 8·L·T²·d a sequence): see ``check_grpo_step``."""
+    linear = 6 * shape.num_params * num_sequences * seq_len
+    attention = 8 * shape.num_layers * seq_len**2 * shape.num_heads * shape.head_dim * num_sequences
+    return float(linear), float(attention)
+
+
+def peak_share(flops: tuple[float, float], seconds: float, name: str) -> str:
+    """"x TFLOP/s = y % of the <GPU> bf16 dense peak ... z % with attention" for the GPU called ``name``
+    (torch's device name), or "bf16 peak unknown" for one not in BF16_DENSE_TFLOPS."""
+    linear, attention = flops
+    rate = linear / seconds / 1e12
+    peak = next((tflops for key, tflops in BF16_DENSE_TFLOPS if key in name), None)
+    if peak is None:
+        return f"{rate:.0f} TFLOP/s by 6*N*tokens, {name}: bf16 peak unknown"
+    return (f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f} % of the {name} bf16 dense peak ({peak:.0f}) by "
+            f"6*N*tokens, {100 * (linear + attention) / seconds / 1e12 / peak:.1f} % with attention")
 
 
 def _random_stack(folder: Path, shape: dict, device: str) -> tuple[Path, Path]:
@@ -167,16 +217,20 @@ def _random_stack(folder: Path, shape: dict, device: str) -> tuple[Path, Path]:
 
 
 def _samples(vocab_size: int, seq_len: int) -> list:
+    """About TOKENS_PER_STEP tokens in sequences of ``seq_len`` (2 to 8 of them, in two groups when there
+    are 4 or more), a quarter prompt; rewards alternate 0, 1 within each group."""
     import random
 
     from .learner.batching import GRPOSample
 
     rng = random.Random(0)
     prompt_len = seq_len // 4
+    num_sequences = min(8, max(2, TOKENS_PER_STEP // seq_len))
+    num_groups = 2 if num_sequences >= 4 else 1
     samples = []
-    for group in range(2):
+    for group in range(num_groups):
         prompt = [rng.randrange(vocab_size) for _ in range(prompt_len)]
-        for i in range(4):
+        for i in range(num_sequences // num_groups):
             samples.append(GRPOSample(prompt_ids=prompt, reward=float(i % 2), group_id=f"g{group}",
                                       completion_ids=[rng.randrange(vocab_size) for _ in range(seq_len - prompt_len)]))
     return samples
@@ -194,7 +248,8 @@ def check_faiss_gpu(has_gpu: bool, is_small: bool) -> Check:
     import faiss
 
     if getattr(faiss, "get_num_gpus", lambda: 0)() <= 0:
-        return Check("faiss-gpu", "SKIP", "FAISS was built without GPU support (install faiss-gpu-cu12)")
+        return Check("faiss-gpu", "SKIP",
+                     'FAISS was built without GPU support (the gpu extra\'s faiss-cpu: memory.index_device = "cpu")')
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((1_000_000, 384), dtype=np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -206,6 +261,24 @@ def check_faiss_gpu(has_gpu: bool, is_small: bool) -> Check:
     if not (ids[:, 0] == np.arange(16)).all():
         return Check("faiss-gpu", "FAIL", "a vector's nearest neighbour is not itself")
     return Check("faiss-gpu", "PASS", f"1M x 384 exact search of 16 queries in {seconds * 1e3:.1f} ms")
+
+
+def check_contention(device: str, is_small: bool) -> Check:
+    """Searches and learner steps alone and together (``contention.py``): 1M keys and an 8-layer stack
+    at 8 x 4096 tokens on a GPU, CPU sizes otherwise."""
+    from .contention import measure
+
+    if is_small:
+        sizes = dict(num_keys=20_000, num_layers=2, seq_len=64, shape=SMALL, num_idle_searches=20)
+    else:
+        sizes = dict(num_keys=1_000_000, num_layers=8, seq_len=4096, shape=QWEN3_8B, num_idle_searches=50)
+    bound = measure(device, use_streams=True, **sizes)
+    if device == "cpu":
+        return Check("contention", "PASS", f"{bound.summary()} (CPU size; no CUDA streams: goals apply on a GPU)")
+    shared = measure(device, use_streams=False, **sizes)
+    missed = bound.misses()
+    verdict = f"; missed: {', '.join(missed)}" if missed else "; goals met"
+    return Check("contention", "FAIL" if missed else "PASS", f"{bound.summary()}; {shared.summary()}{verdict}")
 
 
 def _copy_bandwidth() -> float:
@@ -236,7 +309,7 @@ def cuda_seconds(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def main(is_small: bool, num_layers: int, seq_len: int, checks: tuple[str, ...] = CHECKS) -> int:
+def main(is_small: bool, num_layers: int, seq_len: int, checks: tuple[str, ...] = DEFAULT_CHECKS) -> int:
     checks = run(is_small, num_layers, seq_len, checks)
     for check in checks:
         print(f"{check.status} {check.name}: {check.detail}")

@@ -28,4 +28,27 @@ def test_doctor_checks_picks_a_subset_and_refuses_an_unknown_one_in_one_line() -
     assert [line.split(":")[0] for line in only.stdout.splitlines()] == ["SKIP faiss-gpu"]
     bad = subprocess.run([*command, "kernel,gpu"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].endswith("unknown check(s) gpu; choose from kernel,grpo,faiss")
+    assert bad.stderr.strip().splitlines()[-1].endswith(
+        "unknown check(s) gpu; choose from kernel,grpo,faiss,contention")
+
+
+def test_contention_runs_searches_under_the_learner_at_cpu_size() -> None:
+    """The searches and the learner's steps run in their own bound threads, alone and together."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    result = subprocess.run([sys.executable, "-m", "mia_engine", "doctor", "--small", "--checks", "contention"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert line.startswith("PASS contention: priority streams: search p50 ") and "learner step " in line
+
+
+def test_contention_goals() -> None:
+    from mia_engine.contention import Contention, Latencies
+
+    def run(idle: list[float], under: list[float], step_under: float) -> Contention:
+        return Contention("priority", Latencies(idle), Latencies(under), Latencies([2.0, 2.0]),
+                          Latencies([step_under, step_under]))
+
+    assert run([0.003] * 99 + [0.005], [0.004] * 99 + [0.009], 2.3).misses() == []
+    missed = run([0.003] * 100, [0.004] * 98 + [0.021, 0.280], 2.6).misses()
+    assert [m.split(" ")[1] for m in missed] == ["p99", "max", "step"], missed
