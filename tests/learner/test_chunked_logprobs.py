@@ -5,7 +5,6 @@ chunk; mixed precision without float32 copies; models whose logits are not lm_he
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,8 @@ from mia_engine.learner.batching import GRPOSample, prepare
 from mia_engine.learner.config import LearnerConfig
 from mia_engine.learner.grpo import chunked_token_logprobs, sequence_token_logprobs
 from mia_engine.learner.learner import PlannerLearner
-from mia_engine.models.tiny import build_tiny
 
 CHUNK = 7  # odd, and divides neither a sequence's scored positions nor a micro-batch's
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny")
-    build_tiny(out)
-    return out
 
 
 def random_causal_lm(out: Path, family: str = "qwen3", *, targets: tuple[str, ...] = ("q_proj", "v_proj", "down_proj"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,27 +15,9 @@ from mia_engine.learner.batching import GRPOSample
 from mia_engine.learner.checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from mia_engine.learner.config import LearnerConfig
 from mia_engine.learner.learner import PlannerLearner
-from mia_engine.models.tiny import build_tiny
 
 CHOSEN = 777  # the token the synthetic reward pays for
 VOCAB = 2048
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine, two OpenMP threads that wait on each other
-    under load turn a 40 ms step into seconds."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny")
-    build_tiny(out)
-    return out
 
 
 def make_learner(tiny: Path, **overrides: object) -> PlannerLearner:
