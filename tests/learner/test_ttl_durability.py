@@ -24,11 +24,7 @@ from mia_engine.learner.learner import ADAPTER_WEIGHTS, PlannerLearner
 from mia_engine.learner.ttl import TestTimeLearner
 from mia_engine.models.lora import write_lora_adapter
 
-from . import test_learner
 from .test_learner import make_learner, rollouts
-
-tiny = test_learner.tiny  # the fixtures of test_learner.py, shared (one_thread is autouse)
-one_thread = test_learner.one_thread
 
 
 class RecordingHost:
