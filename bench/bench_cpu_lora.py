@@ -1,4 +1,4 @@
-"""Benchmark of the CPU LoRA ops (``mia_engine/engines/cpu_lora.py``) at the shapes of the two models
+"""Benchmark of the CPU LoRA ops (``mia_engine/engines/cpu/lora_ops.py``) at the shapes of the two models
 this project serves on CPU, per batch size: where the per-token gather stops paying.
 
 For each model's attention projection (tiny: hidden 128, rank 8; SmolLM2-135M: hidden 576, rank 16)
@@ -52,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from mia_engine.engines import cpu_lora  # noqa: E402
+from mia_engine.engines.cpu import lora_ops as cpu_lora  # noqa: E402
 
 MODELS = {"tiny": (128, 8), "smollm2-135m": (576, 16)}
 """(hidden size, LoRA rank) of each model's adapters (configs/tiny.toml, configs/default.toml)."""
@@ -129,7 +129,7 @@ def run(tokens: list[int], rounds: int, min_s: float, dtype: torch.dtype) -> lis
 def layer_wrappers() -> dict[str, type]:
     from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU, _OnOurOps
+    from mia_engine.engines.cpu.punica import GroupedPunicaWrapperCPU, _OnOurOps
 
     wrappers = {"vllm": PunicaWrapperCPU, "per-slice": _OnOurOps, "fused": GroupedPunicaWrapperCPU}
     if hasattr(cpu_lora, "MASKED_MAX_MACS"):  # (a tree from before the stacked layers has one path)

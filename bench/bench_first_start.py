@@ -24,7 +24,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.servers import free_port, stop_process  # noqa: E402
-from mia_engine.cpu_features import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
+from mia_engine.engines.cpu.features import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
 
 
 def time_to_ready(config: str, home: Path, data: Path, log_path: Path, timeout_s: float) -> float:

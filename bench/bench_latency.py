@@ -95,10 +95,17 @@ class RecordingTools:
             self.seconds += time.perf_counter() - start
 
 
+async def reset_prefix_caches(services: Services) -> None:
+    """Drop every engine's cached KV blocks through vLLM's public ``AsyncLLM.reset_prefix_cache``, so a replay
+    starts cold, as the question it replays did. Reached through the engine's private handle on purpose:
+    resetting the cache is a measurement's need, not something the server offers."""
+    for engine in services.roles.engines.values():
+        await engine._llm.reset_prefix_cache()
+
+
 async def replay(services: Services, client: RecordingClient, tools: RecordingTools) -> tuple[list[float], float]:
     """(seconds of each recorded LLM call, of the tool calls), each run alone, in order, prefix cache reset."""
-    for engine in services.roles.engines.values():
-        await engine.reset_prefix_cache()
+    await reset_prefix_caches(services)
     llm = []
     for i, (model, prompt_ids, options, extra) in enumerate(client.calls):
         start = time.perf_counter()
@@ -162,8 +169,7 @@ async def measure(services: Services, http: httpx.AsyncClient, client: Recording
         client.each_s.clear()
         tools.calls.clear()
         tools.seconds = 0.0
-        for engine in services.roles.engines.values():
-            await engine.reset_prefix_cache()
+        await reset_prefix_caches(services)
         wall, stages = await ask(http, question)
         walls.append(wall)
         llm_in_run.append(sum(client.each_s))

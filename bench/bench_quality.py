@@ -26,16 +26,17 @@ from mia_engine.agent.judge import is_match  # noqa: E402
 from mia_engine.agent.llm import complete, sampling_options  # noqa: E402
 from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
-from mia_engine.data import load_dataset  # noqa: E402
+from mia_engine.base.data import load_dataset  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 
 # Budgets for a 135M model on 2 CPU cores (the paper's are for 7-32B models on GPUs).
 OVERRIDES = {
     "agent.max_turns": 3, "agent.tool_response_max_words": 120, "agent.trace_max_words": 250,
-    "agent.planner": {"temperature": 0.0, "max_tokens": 100},
-    "agent.executor": {"temperature": 0.0, "max_tokens": 200, "presence_penalty": 1.1},
-    "agent.manager": {"temperature": 0.0, "max_tokens": 120}, "agent.grader": {"temperature": 0.0, "max_tokens": 4},
-    "agent.router": {"temperature": 0.0, "max_tokens": 16},
+    "agent.sampling.planner": {"temperature": 0.0, "max_tokens": 100},
+    "agent.sampling.executor": {"temperature": 0.0, "max_tokens": 200, "presence_penalty": 1.1},
+    "agent.sampling.manager": {"temperature": 0.0, "max_tokens": 120},
+    "agent.sampling.grader": {"temperature": 0.0, "max_tokens": 4},
+    "agent.sampling.router": {"temperature": 0.0, "max_tokens": 16},
     "agent.regex": {"max_think_chars": 200, "max_answer_chars": 200, "max_query_chars": 60, "max_queries": 1},
     "agent.min_tool_calls": 1, "learner.batch_size": 4,
 }
@@ -46,7 +47,7 @@ async def bare_model(services: Services, questions, gate: asyncio.Semaphore) -> 
         async with gate:
             messages = [{"role": "user", "content": f"Answer with only the name or number.\nQuestion: {q.question}"}]
             (text,) = await complete(services.roles, "manager", messages,
-                                     sampling_options(services.config.agent.manager))
+                                     sampling_options(services.config.agent.sampling.manager))
             return text
 
     return await asyncio.gather(*(one(q) for q in questions))
@@ -98,7 +99,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                                       for r in learning) / len(questions),
             "updates_published": sum(u.is_published for u in services.learner.reports),
             "updates": len(services.learner.reports), "seconds": time.perf_counter() - t,
-            "memories": (await services.memory.stats()).num_entries}
+            "memories": (await services.memory.service.stats()).num_entries}
         print("ttl pass", report["ttl_pass"], flush=True)
         t = time.perf_counter()
         after = await agent_pass(services, questions, gate, learn=False, rollouts=1)

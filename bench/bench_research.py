@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peer import ServedRoles  # noqa: E402
 from bench.servers import launch_mia, launch_vllm  # noqa: E402
-from bench.stats import cpu_spent, percentile, report, tree_cpu_s  # noqa: E402
+from bench.stats import cpu_spent, metrics_breakdown, percentile, report, tree_cpu_s  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
@@ -50,7 +50,7 @@ from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E40
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import model_dir  # noqa: E402
-from mia_engine.onednn_cache import bound_this_process  # noqa: E402
+from mia_engine.engines.cpu import bound_this_process  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
@@ -156,7 +156,8 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     """``vllm serve`` with runtime LoRA loading, and the concurrent agent over it with its own learner."""
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
-    server = launch_vllm(tmp, base, "tiny", engine, same_cpu_lora_ops=same_cpu_lora_ops,
+    server = launch_vllm(tmp, base, "tiny", engine, onednn_cache_capacity=config.cpu_onednn_cache_capacity,
+                         same_cpu_lora_ops=same_cpu_lora_ops,
                          same_cpu_async_scheduling=same_cpu_async_scheduling,
                          env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
     await asyncio.to_thread(server.wait_ready)
@@ -233,7 +234,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                     print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s (learner drained in "
                           f"{drain_s:.1f} s after), CPU s by process {cpu}", flush=True)
         published = {name: read() - 1 for name, read in versions.items()}
-        breakdown = ours.metrics.breakdown()
+        breakdown = metrics_breakdown(ours.metrics.registry)
     finally:
         for close in reversed(closers):
             result = close()

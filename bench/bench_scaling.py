@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.stats import percentile, report  # noqa: E402
+from bench.stats import metrics_breakdown, percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
@@ -72,12 +72,12 @@ async def run_level(services: Services, questions: list[str], concurrency: int, 
             await agent.research(ResearchRequest(q, None, rollouts, False))
             latencies.append(time.perf_counter() - start)
 
-    before, stages_before = _tokens(services), services.metrics.breakdown()["stage_seconds"]
+    before, stages_before = _tokens(services), metrics_breakdown(services.metrics.registry)["stage_seconds"]
     start = time.perf_counter()
     await asyncio.gather(*(one(q) for q in questions))
     wall = time.perf_counter() - start
     prompt, generated = (after - b for after, b in zip(_tokens(services), before))
-    stages = services.metrics.breakdown()["stage_seconds"]
+    stages = metrics_breakdown(services.metrics.registry)["stage_seconds"]
     return {"questions": len(questions), "questions_per_s": len(questions) / wall, "p50_s": statistics.median(latencies),
             "p99_s": percentile(latencies, 0.99), "wall_s": wall,
             "prompt_tokens_per_question": prompt / len(questions),
@@ -89,7 +89,7 @@ async def run_level(services: Services, questions: list[str], concurrency: int, 
 def _tokens(services: Services) -> tuple[float, float]:
     """Prompt and generated tokens so far, all roles (the work a level asked of the engine: the tiny
     model's output, and so its turns, change with its prompt)."""
-    breakdown = services.metrics.breakdown()
+    breakdown = metrics_breakdown(services.metrics.registry)
     return sum(breakdown["prompt_tokens"].values()), sum(breakdown["completion_tokens"].values())
 
 

@@ -111,7 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
         servers = {"mia_engine": (launch_mia(logs, "tiny", *args.ours_set), ours_model),
-                   "vllm_serve": (launch_vllm(logs, base, "tiny", engine, "--lora-modules", f"planner={planner}"),
+                   "vllm_serve": (launch_vllm(logs, base, "tiny", engine, "--lora-modules", f"planner={planner}",
+                                               onednn_cache_capacity=config.cpu_onednn_cache_capacity),
                                   ours_model)}
         try:
             for server, _ in servers.values():

@@ -1,9 +1,9 @@
 """Per-question traces of the eval's research baselines, to see *why* one mode beats another.
 
 ``python -m mia_engine eval`` reports accuracy; this runs the same requests (``react``, ``mia_g1`` from
-``mia_engine.evaluate.baseline_request``) through the same services and keeps, for each question, the
-chosen rollout's plan, searches, reflection, replan and answer. How the replan decision of section 5 of
-bench/RESULTS.md was made:
+``mia_engine.evals.evaluate.baseline_request``) through the same services and keeps, for each question, the
+chosen rollout's plan, searches, reflection, replan and answer. How the replan decision of
+bench/HISTORY.md (section 5, "Latest (issue 11, ...)") was made:
 
     python bench/quality_traces.py --out traces.json --modes react mia_g1 -- --tools.index_dir=<index cache>
     python bench/quality_traces.py --out traces_norep.json --modes mia_g1 -- --agent.max_replans=0
@@ -21,7 +21,7 @@ from pathlib import Path
 from mia_engine.agent.judge import is_match
 from mia_engine.cli import dotted_overrides
 from mia_engine.config import load_config
-from mia_engine.evaluate import baseline_request, fresh_config, select_questions
+from mia_engine.evals.evaluate import baseline_request, fresh_config, select_questions
 from mia_engine.services import with_services
 
 DEVSET = Path(__file__).with_name("devset_wiki.jsonl")

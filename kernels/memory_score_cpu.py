@@ -1,8 +1,8 @@
 """Memory-retrieval scoring, CPU fast path: one BLAS product per embedding matrix, then (B, N) numpy.
 
 Contract and score formula: :mod:`kernels.memory_score`, whose ``memory_topk`` picks this path for
-CPU tensors (backend "cpu", and "auto" off CUDA). "cpu" was 3-5x faster than the torch reference
-from 10k entries up and within 0.015 ms of it at 1k (bench/RESULTS.md, section 3).
+CPU tensors (backend "cpu", and "auto" off CUDA), since it is faster than the torch reference from
+about 10k entries up and level with it below.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ def memory_topk_cpu(
 
     The product streams N·d embeddings and sets the latency. Everything after it is
     single-threaded numpy on B·N similarities, on purpose: torch's OpenMP-parallel ops for the
-    same step lost at every size measured, by 1.2-1.6x on the quiet 2-core box and by up to 300x
-    (0.5 ms vs 150-200 ms at 100k) while other processes held the cores, where a parallel region
-    waits for a descheduled thread (bench/RESULTS.md, section 3). Arithmetic follows the reference
+    same step were slower at every size measured, and far slower while other processes held the
+    cores, where a parallel region waits for a descheduled thread. Arithmetic follows the reference
     operation by operation in fp32, so given the same Sim the scores match it bit for bit.
     """
     batch, num_entries = query_q.shape[0], keys_q.shape[0]
@@ -74,7 +73,7 @@ def memory_topk_cpu(
 def _mask_by_label(score: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """(B, N) scores -> (B, 2, N): [positives only, negatives only], -inf elsewhere.
 
-    Adding a 0/-inf mask looked up per label is ~10x faster than np.where on a bool mask.
+    Adding a 0/-inf mask looked up per label is much faster than np.where on a bool mask.
     """
     is_positive = (labels != 0).view(np.int8)  # (N,) 1 = positive
     by_label = np.empty((score.shape[0], 2, score.shape[1]), dtype=np.float32)  # (B, 2, N)
@@ -110,7 +109,7 @@ def _cpu_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     if keys.dtype == torch.float32:
         return _blas_dot(query, keys)
     # fp16 keys: upcast a block at a time into one reused buffer (a fresh .float() per block
-    # page-faults a new allocation, ~20x slower when measured) and multiply it with torch, so the
+    # page-faults a new allocation, much slower when measured) and multiply it with torch, so the
     # loop stays in one thread pool: alternating torch's copy with numpy's BLAS per block was 3x
     # slower. Even so the conversion makes fp16 keys several times slower than fp32 on CPU.
     out = torch.empty((query.shape[0], keys.shape[0]), dtype=torch.float32)  # (B, N)
@@ -125,13 +124,11 @@ def _cpu_dot(query: Tensor, keys: Tensor) -> np.ndarray:
 def _blas_dot(query: Tensor, keys: Tensor) -> np.ndarray:
     """(B, d) fp32 · (N, d)ᵀ fp32 -> (B, N), through the BLAS call measured fastest per shape.
 
-    Measured on the 2-core AMD EPYC dev box (bench/RESULTS.md, section 3), 100k×384 keys,
-    quiet machine: B = 1: numpy (OpenBLAS) sgemv 3.2 ms vs torch (MKL) 11 ms, whose sgemv runs
-    one thread; B = 2..8: torch ``keys @ query.T`` 3.9-7.5 ms vs numpy 10-15 ms; B >= 16: numpy
-    ``query @ keys.T`` 13-30 ms vs torch 16-55 ms. A single query against a small bucket (under
-    8 MB of keys, ~5k entries at d=384) stays on MKL's one thread: OpenBLAS's threads save under
-    0.1 ms there, but its call took ~4 ms (a scheduler slice) when another process held the other
-    core. From ~10k entries (two 15 MB matrices with captions) the threads win by 3x.
+    Which library wins depends on the batch, as measured on a 2-core x86 CPU at 100k x 384 keys:
+    B = 1 numpy (OpenBLAS) sgemv, whose threads beat torch's one-thread (MKL) sgemv; B = 2..8 torch
+    ``keys @ query.T``; B >= 16 numpy ``query @ keys.T``. A single query against a small bucket
+    (under 8 MB of keys, ~5k entries at d=384) stays on MKL's one thread: OpenBLAS's threads save
+    little there and cost a scheduler slice when another process holds a core.
     """
     batch = query.shape[0]
     if batch == 1 and keys.numel() < _THREADED_GEMV_MIN_ELEMENTS:

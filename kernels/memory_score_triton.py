@@ -46,7 +46,8 @@ class LaunchShape(NamedTuple):
 
 
 DEFAULT_LAUNCH = LaunchShape(block_n=64, num_warps=4, num_stages=3)
-"""Fastest or within noise of it for B = 1 and 16 at 1M x 384 fp16 on an H200 (bench/RESULTS.md, GPU)."""
+"""Pass 1's default launch, chosen as the fastest (or within noise of it) of a sweep of shapes for B = 1 and
+16 at 1M x 384 fp16."""
 
 
 def memory_topk_triton(
@@ -179,8 +180,8 @@ def _launch_terms(ids: Tensor, score: Tensor, sim: Tensor, minmax: Tensor, usage
                   eps: float) -> ScoreResult:
     """The winners' score terms in one launch (the same expressions as the reference's, in fp32).
 
-    Gathering them in torch (kernels.memory_score_terms) took about 15 small launches, which on the
-    GPU cost more than pass 1 itself at 1M entries (bench/RESULTS.md, GPU section)."""
+    One kernel because gathering them in torch (kernels.memory_score_terms) takes about 15 small
+    launches, which on a GPU cost more than pass 1 itself."""
     batch, _, k = ids.shape
     terms = torch.empty((5, batch, 2, k), dtype=torch.float32, device=ids.device)
     _terms_kernel[(batch,)](ids, score, sim, minmax, usage, success, terms, batch, sim.shape[1], 2 * k, eps,

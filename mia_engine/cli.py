@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
-from .devices import resolved_devices
-from .onednn_cache import bound_this_process
+from .devices import resolve_device, resolved_devices, serving_device_fields
 
 PROG = "python -m mia_engine"
 API_KEY_ENV = "MIA_API_KEY"
@@ -95,7 +94,7 @@ def _doctor_checks(text: str) -> tuple[str, ...]:
 
 
 def _eval_parser(sub: Any) -> None:
-    from .evaluate import MODES
+    from .evals.evaluate import MODES
 
     cmd = sub.add_parser("eval", help="answer quality: bare model, ReAct, MIA G=1/G=4, and test-time learning "
                          "(supervised, unsupervised) on the same questions; a table, JSON and a PNG")
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dry_run(config)
     if args.command == "serve" and _preflight(config) != 0:
         return 2
-    bound_this_process(config.cpu_onednn_cache_capacity)  # before the encoder's or learner's first matmul
+    _bound_onednn_caches(config)  # before the encoder's or learner's first matmul
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
         serve(config)
     elif args.command == "eval":
-        from .evaluate import EvalOptions, main as evaluate
+        from .evals.evaluate import EvalOptions, main as evaluate
 
         evaluate(config, args.config, overrides, EvalOptions(args.dataset, args.out, args.plot, args.split, args.limit,
                                                              args.epochs, tuple(args.modes), args.concurrency))
@@ -219,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(build(config))
     else:
-        from . import batch
+        from .evals import batch
 
         rollouts = args.rollouts or (config.agent.num_rollouts if args.command == "ttl"
                                      else config.agent.num_rollouts_low_latency)
@@ -230,6 +229,22 @@ def main(argv: list[str] | None = None) -> int:
             batch.ttl(config, args.dataset, args.out, epochs=args.epochs, metrics_out=args.metrics_out,
                       plot=args.plot, **common)
     return 0
+
+
+CPU_COMPUTE_FIELDS = ("memory.embedder.device", "tools.embedder.device", "learner.device")
+"""The devices of this process's components that run matmuls (the encoders, the learner)."""
+
+
+def _bound_onednn_caches(config: MIAConfig) -> None:
+    """Bound this process's oneDNN primitive caches (``cpu_onednn_cache_capacity``) where one of its
+    encoders or its learner runs on the CPU; nothing to bound, and the CPU package stays unimported, where
+    they all run on GPUs."""
+    devices = serving_device_fields(config)
+    if all(resolve_device(devices[field]) != "cpu" for field in CPU_COMPUTE_FIELDS):
+        return
+    from .engines import cpu
+
+    cpu.bound_this_process(config.cpu_onednn_cache_capacity)
 
 
 def _dry_run(config: MIAConfig) -> int:

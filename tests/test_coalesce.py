@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mia_engine.coalesce import Coalescer
+from mia_engine.base.coalesce import Coalescer
 
 
 class Doubler:

@@ -41,7 +41,6 @@ def test_dotted_overrides_apply() -> None:
     ({"engines.tiny.max_cpu_loras": 1}, "engines.tiny.max_cpu_loras"),
     ({"engines.tiny.structured_outputs_backend": "auto"}, "engines.tiny.compact_json"),
     ({"engines.tiny.executor_backend": "slurm"}, "engines.tiny.executor_backend"),
-    ({"engines.tiny.cpu_onednn_cache_capacity": -1}, "engines.tiny.cpu_onednn_cache_capacity"),
     ({"engines.tiny.block_size": -16}, "engines.tiny.block_size"),
     ({"cpu_onednn_cache_capacity": -1}, "cpu_onednn_cache_capacity"),
     ({"engines.tiny.executor_backend": "uni", "engines.tiny.tensor_parallel_size": 2},
@@ -59,6 +58,15 @@ def test_invalid_values_name_the_field(overrides: dict, field: str) -> None:
         load_config("tiny", overrides)
     assert str(info.value).startswith(field), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_an_engine_bound_on_onednn_names_the_root_field_that_holds_it() -> None:
+    """One bound for the engines and the serving process: the root field; the engine key it replaced is refused."""
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", {"engines.tiny.cpu_onednn_cache_capacity": 64})
+    assert str(info.value).startswith("engines.tiny.cpu_onednn_cache_capacity: set the root field "
+                                      "cpu_onednn_cache_capacity")
+    assert load_config("tiny", {"cpu_onednn_cache_capacity": 64}).cpu_onednn_cache_capacity == 64
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -43,7 +43,7 @@ def test_contention_runs_searches_under_the_learner_at_cpu_size() -> None:
 
 
 def test_contention_goals() -> None:
-    from mia_engine.contention import Contention, Latencies
+    from mia_engine.doctor.contention import Contention, Latencies
 
     def run(idle: list[float], under: list[float], step_under: float) -> Contention:
         return Contention("priority", Latencies(idle), Latencies(under), Latencies([2.0, 2.0]),

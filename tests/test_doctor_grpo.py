@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mia_engine.deploy.shapes import decoder_shape
-from mia_engine.doctor import QWEN3_8B, _samples, peak_share, step_flops
+from mia_engine.doctor import QWEN3_8B, peak_share, step_flops
+from mia_engine.doctor.random_stack import grpo_samples
 
 QWEN3_8B_CONFIG = Path(__file__).parent / "deploy" / "fixtures" / "qwen3-8b" / "config.json"
 
@@ -17,7 +18,7 @@ QWEN3_8B_CONFIG = Path(__file__).parent / "deploy" / "fixtures" / "qwen3-8b" / "
 @pytest.mark.parametrize("seq_len, num_groups, group_size", [(4096, 2, 4), (8192, 2, 2), (16384, 1, 2), (64, 2, 4)])
 def test_the_step_keeps_about_32k_tokens_in_groups_with_a_reward_spread(seq_len: int, num_groups: int,
                                                                           group_size: int) -> None:
-    samples = _samples(QWEN3_8B["vocab_size"], seq_len)
+    samples = grpo_samples(QWEN3_8B["vocab_size"], seq_len)
     groups = {s.group_id: [t.reward for t in samples if t.group_id == s.group_id] for s in samples}
     assert len(groups) == num_groups and all(len(r) == group_size and len(set(r)) == 2 for r in groups.values())
     assert all(len(s.prompt_ids) + len(s.completion_ids) == seq_len for s in samples)

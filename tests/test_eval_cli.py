@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mia_engine.evaluate import BASELINES, MODES, TTL_MODES
+from mia_engine.evals.results import BASELINES, MODES, TTL_MODES
 
 DEVSET = Path(__file__).resolve().parent.parent / "bench" / "devset_wiki.jsonl"
 

@@ -3,8 +3,13 @@ question, with an exact sign test (pure logic; the end-to-end run is in test_eva
 
 from __future__ import annotations
 
-from mia_engine.eval_report import paired, report, table
-from mia_engine.evaluate import PassResult, Prediction, summarise
+import subprocess
+import sys
+
+import pytest
+
+from mia_engine.evals.report import paired, report, sign_test, table
+from mia_engine.evals.results import PassResult, Prediction, summarise
 
 
 def _pass(mode: str, right: str, epoch: int | None = None, *, is_learning: bool = False) -> PassResult:
@@ -46,3 +51,31 @@ def test_without_react_the_bare_model_is_the_reference_and_alone_nothing_is_pair
     alone = {"mia_g1": _pass("mia_g1", "11")}
     assert report(alone, {})["vs"] == {"reference": None, "passes": {}}
     assert "vs" not in table(alone)
+
+
+def test_the_sign_test_is_scipys_exact_binomial_test_at_one_half() -> None:
+    """The eval needs no scipy: the same two-sided p-values as ``scipy.stats.binomtest(k, n, 0.5)``."""
+    binomtest = pytest.importorskip("scipy.stats").binomtest
+    for num in range(0, 61):
+        for wins in range(num + 1):
+            expected = binomtest(wins, num, 0.5).pvalue if num else 1.0
+            assert sign_test(wins, num - wins) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+
+
+def test_serving_and_the_eval_table_need_no_matplotlib_and_a_plot_names_the_extra() -> None:
+    """The eval's report imports no scipy; serving and the eval run without matplotlib (the ``plot``
+    extra), and ``--plot`` without it is one line naming the extra."""
+    code = """
+import sys
+sys.modules["matplotlib"] = None  # as if not installed
+from mia_engine.evals import report as eval_report
+assert "scipy" not in sys.modules
+from mia_engine import serve
+from mia_engine.evals import batch, evaluate
+print(eval_report.sign_test(6, 2))
+eval_report.pyplot()
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout.strip() == str(74 / 256), result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == ("python -m mia_engine: error: --plot needs matplotlib: "
+                                                      "pip install 'mia-engine[plot]'")

@@ -9,7 +9,7 @@ from mia_engine.agent.config import AgentConfig
 from mia_engine.agent.loop import ResearchResult
 from mia_engine.agent.records import PlannerTokens, Rollout, Trajectory
 from mia_engine.agent.turns import ExecutorTurn
-from mia_engine.evaluate import _generated_tokens
+from mia_engine.evals.evaluate import _generated_tokens
 from mia_engine.tools.calls import ToolCall
 
 

@@ -1,5 +1,10 @@
-"""The research loop's parts: config, prompts, typed messages and parsers, rewards and judges.
+"""The research loop: ``loop.py: ResearchAgent.research`` runs a question through the paper's stages
+(retrieve → plan → route → execute → judge → reward → memory), ``rollout.py: RolloutRunner.run`` one
+plan's rollout (execute → answer → reflect → replan).
 
-Pure logic (everything here but ``llm.complete`` is synchronous and engine-free), so each rule of
-the method can be tested without a model; the orchestration loop composes these parts.
+Where a config departs from the paper, ``strategies.py`` chooses a strategy once (``[agent] profile``
+names a set of departures, ``config.py``): what the Planner writes (``plan_forms.py``), what an
+Executor turn may be (``turn_policy.py``), where the answer comes from (``answers.py``), how a
+workflow memory is written (``workflows.py``), how an answer is graded (``judge.py``). The rest is
+pure logic (prompts, parsers, rewards), so each rule of the method is tested without a model.
 """

@@ -4,14 +4,30 @@ Every number of MIA's loop is a field here, defaulting to the paper or, where th
 to the reference code (ECNU-SII/MIA); each field's docstring says which. Reading this file top to
 bottom is a summary of the method: rollouts per question, the Executor's turn budget, one
 reflection at most, Eq. 4's reward weights, the group advantage, the reviewers' weights.
+
+**Profiles.** The defaults run the paper's loop. A few fields are departures from it for models too
+small to follow it (each documented where it is defined, and each a strategy that ``strategies.py``
+chooses once). A profile names a set of them, so a config selects the set in one line and can still
+set any of its fields itself, which wins::
+
+    [agent]
+    profile = "small_model"     # PROFILES["small_model"]: the departures below
+    max_replans = 1             # a field the table sets wins over its profile
+
+``load_config`` expands the profile (``resolve_table``) before it reads the table: an ``AgentConfig``
+holds the resulting fields only (built in Python, ``AgentConfig.for_profile`` does the same).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
 
-from ..structs import Frozen, require
+import msgspec
+
+from ..base.structs import Frozen, require
 
 
 class RoleSampling(Frozen):
@@ -100,6 +116,32 @@ class RegexLimits(Frozen):
                  "regex limits must be >= 1")
 
 
+class StageSampling(Frozen):
+    """Sampling of each stage of the loop, keyed by stage (``[agent.sampling]``, e.g.
+    ``planner = { max_tokens = 160 }``). A stage's table replaces that stage's default as a whole: the
+    keys it leaves out take ``RoleSampling``'s defaults, not the stage's."""
+
+    planner: RoleSampling = RoleSampling(temperature=0.0, max_tokens=4096)
+    """The Planner's single plan, reflection and replan at inference (temperature 0; 4096 tokens leave a
+    thinking model room to think before it plans)."""
+    answer: RoleSampling = RoleSampling(temperature=0.0, max_tokens=48)
+    """The evidence answer (``answer_from = "evidence"``)."""
+    executor: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048, presence_penalty=1.1)
+    """Each Executor turn (reference: temperature 0, presence penalty 1.1)."""
+    router: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
+    """The Router's pick of a plan."""
+    grader: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
+    """The supervised grader (reference: temperature 0)."""
+    reviewer: RoleSampling = RoleSampling(temperature=0.1, max_tokens=512)
+    """The unsupervised reviewers (reference: temperature 0.1)."""
+    area_chair: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
+    """The Area Chair (reference: temperature 0)."""
+    manager: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
+    """The Manager's workflow summary (reference: temperature 0)."""
+    caption: RoleSampling = RoleSampling(temperature=0.0, max_tokens=160)
+    """The Manager's image caption (greedy: the caption is a retrieval key)."""
+
+
 class AgentConfig(Frozen):
     """The research loop: Planner → Router → Executor (ReAct) → reflection → judge → reward → memory."""
 
@@ -117,42 +159,16 @@ class AgentConfig(Frozen):
     trace_max_words: int = 1024
     """Words of each tool response kept in the traces shown to the Planner, reviewers and Manager."""
     max_replans: int = 1
-    """Reflections that may trigger a replan per trajectory (paper: at most once)."""
+    """Reflections that may trigger a replan per trajectory (paper: at most once); 0 = no reflection,
+    for Planners too small to judge a trajectory (``small_model``)."""
     replan_max_turns: int = 0
     """Executor turns after a replan: a budget of its own, as in the reference (20 calls in its
     serving code); 0 = ``max_turns``."""
-    answer_from: Literal["trajectory", "evidence"] = "trajectory"
-    """Where the returned answer comes from. ``trajectory``: the Executor's own ``<answer>`` (paper and
-    reference). ``evidence``: after the ReAct loop, one short Executor call that sees only the question
-    and the passages its searches returned (no plan, no thinking), so a small model answers from the
-    evidence instead of repeating a guess from its plan; falls back to the trajectory's answer when
-    no search succeeded. The embedded 135M default uses it (bench/RESULTS.md, section 5)."""
-    evidence_max_words: int = 600
-    """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
-    plan_form: Literal["text", "searches"] = "text"
-    """What the Planner writes. ``text``: a step-by-step plan in prose, shown to the Executor as its guide
-    (paper, reference). ``searches``: the searches to make, one to ``max_plan_searches`` lines
-    ``Search: <query>`` (always enforced by structured outputs, also when sampling G plans), which the
-    Executor runs in order after its first search, then the answer (with ``answer_from = "evidence"``
-    every turn is then fixed, so the loop runs the searches at once instead of generating the turns);
-    a workflow memory of such a rollout is its searches in the same lines, so the Planner reuses a
-    past success by copying them. For Planners too small to write prose a tiny Executor can follow (the
-    embedded 135M default; bench/RESULTS.md section 5). A replan (``max_replans``) is written in the same
-    form under the same regex: the loop runs the searches not made yet, and the final evidence answer
-    reads their passages first. Plan and replan tokens sampled under the regex are not the policy's own
-    samples, so the learner does not train on them: in this form test-time learning is the memory's
-    (a reflection, if any, still trains)."""
-    replay_min_similarity: float | None = None
-    """Replay of verified plans. At inference (one greedy plan, no learning), when the best positive
-    memory retrieved for the question is of a question with a raw cosine at least this to it, the
-    Planner writes exactly that memory's plan (forced by structured outputs), so a success stored for
-    the same question is reused as it was; learning passes still sample their G plans. None = never
-    (paper, reference: the Planner writes every plan with the memories in its prompt). For Planners too
-    small to copy a plan from their prompt (the embedded 135M one turned "SPINTAMORIL" into
-    "SPARTAMORIL" and lost the answer; bench/RESULTS.md section 5)."""
     max_plan_searches: int = 2
     """Most searches a plan of the ``searches`` form may list (their queries are bounded by
     ``regex.max_query_chars``)."""
+    evidence_max_words: int = 600
+    """Words of retrieved passages shown to the evidence answer (``answer_from = "evidence"``)."""
     planner_max_words: int = 400
     """Word limit the plan prompt asks for (reference: 400)."""
     planner_max_words_image: int = 300
@@ -163,67 +179,76 @@ class AgentConfig(Frozen):
     """Word limit the replan prompt asks for."""
     summary_max_words: int = 300
     """Word limit of the Manager's workflow summary."""
+    review_reason_max_words: int = 50
+    """Word limit of a reviewer's reason."""
+
+    # ---- departures from the paper: each a strategy (strategies.py); PROFILES names sets of them ----
+    plan_form: Literal["text", "searches"] = "text"
+    """What the Planner writes. ``text``: a step-by-step plan in prose, the Executor's guide (paper,
+    reference). ``searches``: one to ``max_plan_searches`` lines ``Search: <query>``, always written
+    under a regex, which the Executor runs in order after its first search, then answers (answering
+    from the evidence, every turn is then fixed and the loop runs the searches at once); a replan is
+    written in the same form, and a workflow memory of such a rollout is its searches, so a later
+    Planner reuses a success by copying it. Tokens written under the regex are not the policy's
+    samples, so the learner does not train on them. For Planners too small to write prose a small
+    Executor can follow (``small_model``)."""
+    replay_min_similarity: float | None = None
+    """At inference (one greedy plan, no learning), when the best positive memory retrieved is of a
+    question with a raw cosine at least this to the question, the Planner writes exactly that memory's
+    plan (forced by structured outputs); learning still samples its G plans. None = never (paper,
+    reference; TOML has no None: under ``small_model`` set ``profile = "paper"`` and its other fields).
+    For Planners too small to copy a plan from their prompt without changing its names
+    (``small_model``: 0.95)."""
+    first_query: Literal["model", "question"] = "model"
+    """With structured outputs, the query of the Executor's first search: ``model`` = its own (the
+    reference); ``question`` = the question itself, enforced by the turn's regex (the model still writes
+    its thinking). For Executors too small to write a search query (``small_model``)."""
+    first_image_search: bool = False
+    """With structured outputs, an image question's first Executor turn is the image-to-image search
+    (enforced by the turn's regex); False = the reference's free choice. For Executors too small to
+    pick it."""
+    min_tool_calls: int = 0
+    """With structured outputs, the Executor's first N turns may only call a tool (no answer yet), so
+    a small model gathers evidence before it answers; 0 = the reference's free choice
+    (``small_model``: 1)."""
+    force_final_answer: bool = True
+    """With structured outputs, the Executor's last allowed turn may only answer, so a trajectory that
+    reaches the turn cap still ends with its best answer (small models rarely stop searching by
+    themselves); False = the reference's behaviour."""
+    answer_from: Literal["trajectory", "evidence"] = "trajectory"
+    """Where the returned answer comes from. ``trajectory``: the Executor's own ``<answer>`` (paper,
+    reference). ``evidence``: after the ReAct loop, one short Executor call that sees only the question
+    and the passages its searches returned (no plan, no thinking), falling back to the trajectory's
+    answer when no search succeeded. For Executors too small not to repeat a guess from their plan
+    (``small_model``)."""
     workflow_summary: Literal["manager", "extractive"] = "manager"
     """How a judged rollout becomes a workflow memory. ``manager``: the Manager summarises the
     trajectory (paper, reference). ``extractive``: the same numbered "**action** (input → output)"
     steps read off the trajectory itself (each call's queries → the titles it returned, then the
-    answer), no model call: for Managers too small to summarise without inventing names (the 135M
-    one summarised a correct "Harper Lee" trajectory as "The answer to the question is: Robert Falcon
-    Scott", and the Planner copied it; bench/RESULTS.md section 5)."""
-    review_reason_max_words: int = 50
-    """Word limit of a reviewer's reason."""
-    structured_executor: bool = True
-    """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs)."""
-    force_final_answer: bool = True
-    """With structured outputs, the Executor's last allowed turn may only answer: a trajectory that
-    reaches the turn cap still ends with its best answer instead of none (small models rarely stop
-    searching by themselves); False = the reference's behaviour."""
-    min_tool_calls: int = 0
-    """With structured outputs, the Executor's first N turns may only call a tool (no answer yet): makes
-    small models gather evidence before answering; 0 = the reference's free choice."""
-    first_query: Literal["model", "question"] = "model"
-    """With structured outputs, the query of the Executor's first search: ``model`` = its own (the
-    reference); ``question`` = the question itself, enforced by the turn's regex (the model still writes
-    its thinking). For models too small to write a search query (the embedded 135M default)."""
-    first_image_search: bool = False
-    """With structured outputs, an image question's first Executor turn is the image-to-image search
-    (enforced by the turn's regex); False = the reference's free choice. For models too small to pick it."""
+    answer; a ``searches`` plan's rollout as its searches), no model call. For Managers too small to
+    summarise without inventing names (``small_model``)."""
     supervised_judge: Literal["llm", "match"] = "llm"
     """How an answer is graded against ground truth: ``llm`` = the SimpleQA-style grader (paper,
     reference); ``match`` = normalised exact-or-contains string match, for judge models too small to
-    grade (the embedded 135M model graded almost every answer correct: bench/RESULTS.md section 5).
-    The verdict labels memories and drives the rewards."""
+    grade (``small_model``). The verdict labels memories and drives the rewards."""
+    # ---- end of the departures ----
+
+    structured_executor: bool = True
+    """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs)."""
     structured_judges: bool = True
     """Constrain grader, reviewers, Area Chair and Router outputs (letter regex / JSON schema)."""
     regex: RegexLimits = RegexLimits()
     """Bounds of the Executor regex."""
     executor_stop: tuple[str, ...] = ("<tool_response>",)
     """Stop strings of an Executor turn: the model must not write the tool's answer itself."""
-    planner: RoleSampling = RoleSampling(temperature=0.0, max_tokens=4096)
-    """Planner sampling for the single plan, the reflection and the replan at inference (temperature 0;
-    4096 tokens leave a thinking model room to think before it plans)."""
+    sampling: StageSampling = StageSampling()
+    """Sampling of each stage (``[agent.sampling]``)."""
     planner_rollout_temperature: float = 1.0
     """Planner temperature when sampling G > 1 plans or learning: the plan, the reflection and the
     replan are then all sampled at it, unconstrained, from the policy the learner trains (its
     ``learner.temperature`` must be the same)."""
     reflection_max_tokens: int = 512
     """Budget of the yes/no reflection (a short think is allowed, as in the reference)."""
-    answer: RoleSampling = RoleSampling(temperature=0.0, max_tokens=48)
-    """Sampling of the evidence answer (``answer_from = "evidence"``)."""
-    executor: RoleSampling = RoleSampling(temperature=0.0, max_tokens=2048, presence_penalty=1.1)
-    """Executor sampling per turn (reference: temperature 0, presence penalty 1.1)."""
-    router: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
-    """Router sampling."""
-    grader: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
-    """Supervised judge sampling (reference: temperature 0)."""
-    reviewer: RoleSampling = RoleSampling(temperature=0.1, max_tokens=512)
-    """Unsupervised reviewers' sampling (reference: temperature 0.1)."""
-    area_chair: RoleSampling = RoleSampling(temperature=0.0, max_tokens=512)
-    """Area Chair sampling (reference: temperature 0)."""
-    manager: RoleSampling = RoleSampling(temperature=0.0, max_tokens=1024)
-    """Workflow-summary sampling (reference: temperature 0)."""
-    caption: RoleSampling = RoleSampling(temperature=0.0, max_tokens=160)
-    """Sampling of the Manager's image caption (greedy: the caption is a retrieval key)."""
     rewards: RewardWeights = RewardWeights()
     """Eq. 4 weights."""
     review_weights: ReviewWeights = ReviewWeights()
@@ -249,3 +274,41 @@ class AgentConfig(Frozen):
         require(min(words) >= 1, "word limits must be >= 1")
         require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
         require(self.advantage_eps > 0, "advantage_eps must be > 0")
+
+    @classmethod
+    def for_profile(cls, profile: str, **fields: Any) -> AgentConfig:
+        """The config a ``[agent]`` table with ``profile`` and ``fields`` gives (raises ValueError)."""
+        return msgspec.convert(resolve_table({"profile": profile, **fields}), cls)
+
+
+PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "paper": MappingProxyType({}),
+    "small_model": MappingProxyType({
+        "plan_form": "searches",
+        "replay_min_similarity": 0.95,
+        "max_replans": 0,
+        "first_query": "question",
+        "min_tool_calls": 1,
+        "answer_from": "evidence",
+        "workflow_summary": "extractive",
+        "supervised_judge": "match",
+    }),
+})
+"""Named sets of departures (``[agent] profile``). ``paper``: none, the default. ``small_model``: the
+loop the embedded 135M default runs, each field's docstring saying what it changes and why."""
+
+MOVED_TO_SAMPLING = frozenset(StageSampling.__struct_fields__)
+"""Keys of ``[agent]`` that were per-stage sampling fields and now live in ``[agent.sampling]``."""
+
+
+def resolve_table(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[agent]`` table as ``AgentConfig`` reads it: its profile's fields, then the table's own.
+    Raises ValueError with one line naming the key: a profile that does not exist, or a sampling key
+    in its old place (``agent.planner`` is now ``agent.sampling.planner``)."""
+    moved = sorted(MOVED_TO_SAMPLING & table.keys())
+    if moved:
+        raise ValueError(f"agent.{moved[0]}: per-stage sampling moved to agent.sampling.{moved[0]}")
+    name = table.get("profile", "paper")
+    if not isinstance(name, str) or name not in PROFILES:
+        raise ValueError(f"agent.profile: unknown profile {name!r}; one of {', '.join(map(repr, PROFILES))}")
+    return {**PROFILES[name], **{key: value for key, value in table.items() if key != "profile"}}

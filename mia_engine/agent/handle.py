@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import MIAConfig
 from ..memory.embedder import Embedder
-from ..readiness import StartupHandle
+from ..base.readiness import StartupHandle
 from ..tools.corpus import BuildProgress, index_root
 from ..tools.image import ImageSearch
 from ..tools.image_index import load_image_index
@@ -21,7 +21,7 @@ from .loop import OnLearn, ResearchAgent
 from .stages import StageObserver
 
 if TYPE_CHECKING:
-    from ..memory.handle import MemoryHandle
+    from ..memory.service import MemoryService
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,14 @@ class AgentHandle(StartupHandle[ResearchAgent]):
                  if tools.image_cache_dir or local_images is not None else None)
         return Tools(tools, local=self._search, web=web, image=image)
 
-    async def start(self, client: Any, memory: MemoryHandle, on_learn: OnLearn | None = None) -> None:
-        """The agent over the prepared tools (``prepare`` first)."""
+    async def start(self, client: Any, memory: MemoryService, on_learn: OnLearn | None = None) -> None:
+        """The agent over the prepared tools (``prepare`` first) and the open memory store."""
         if self._tools is None:
             return
-        self._started(ResearchAgent(client, memory, self._tools, self.config.agent, on_learn, self.stages))
-        log.info("research agent ready (model `mia`)")
+        agent = ResearchAgent(client, memory, self._tools, self.config.agent, on_learn, self.stages)
+        self._started(agent)
+        log.info("research agent ready (model `mia`; %s)",
+                 ", ".join(f"{concern}: {choice}" for concern, choice in agent.strategies.describe().items()))
 
     def close(self) -> None:
         if self._search is not None:

@@ -1,6 +1,6 @@
 """Judging answers: request builders, output-to-Verdict rules, and a cheap string matcher.
 
-The loop (or ``judge_supervised`` / ``judge_unsupervised`` below) does::
+The loop (or ``judge_supervised`` with an ``LLMGrader``, and ``judge_unsupervised``, below) does::
 
     messages, options = build_grader(question, gold, prediction, config)
     text, = await complete(client, config.roles.judge, messages, options)
@@ -18,6 +18,7 @@ import re
 import string
 import unicodedata
 from collections.abc import Sequence
+from typing import Protocol
 
 from ..engines.client import SamplingOptions
 from . import prompts
@@ -53,7 +54,7 @@ def build_grader(question: str, gold_answers: Sequence[str], prediction: str,
     """The SimpleQA-style grading request; structured mode forces a single letter."""
     text = prompts.GRADER.render(question=question, gold=" | ".join(gold_answers), prediction=prediction)
     regex = GRADER_REGEX if config.structured_judges else None
-    return _user(text), sampling_options(config.grader, regex=regex)
+    return _user(text), sampling_options(config.sampling.grader, regex=regex)
 
 
 def parse_grader(text: str) -> Verdict:
@@ -71,16 +72,40 @@ def not_attempted(source: str = "supervised") -> Verdict:
     return Verdict(False, "C", "supervised", reason="empty answer")
 
 
-async def judge_supervised(client: ChatClient, config: AgentConfig, question: str,
-                           gold_answers: Sequence[str], prediction: str | None) -> Verdict:
-    if not prediction or not prediction.strip():
-        return not_attempted("supervised")
-    if config.supervised_judge == "match":
+class SupervisedJudge(Protocol):
+    """How an answer is graded against the gold answers (``agent.supervised_judge``)."""
+
+    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
+        ...
+
+
+class LLMGrader:
+    """The SimpleQA-style grader (``supervised_judge = "llm"``; paper, reference)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
+        messages, options = build_grader(question, gold_answers, prediction, self.config)
+        (text,) = await complete(client, self.config.roles.judge, messages, options)
+        return parse_grader(text)
+
+
+class StringMatch:
+    """Normalised exact-or-contains match, no model call (``supervised_judge = "match"``): for judge
+    models too small to grade."""
+
+    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
         is_correct = is_match(prediction, gold_answers)
         return Verdict(is_correct, "A" if is_correct else "B", "supervised", reason="normalised string match")
-    messages, options = build_grader(question, gold_answers, prediction, config)
-    (text,) = await complete(client, config.roles.judge, messages, options)
-    return parse_grader(text)
+
+
+async def judge_supervised(client: ChatClient, judge: SupervisedJudge, question: str,
+                           gold_answers: Sequence[str], prediction: str | None) -> Verdict:
+    """An empty answer is not attempted (no call); any other is graded by ``judge``."""
+    if not prediction or not prediction.strip():
+        return not_attempted("supervised")
+    return await judge.grade(client, question, gold_answers, prediction)
 
 
 # ---- unsupervised ------------------------------------------------------------------------------
@@ -94,7 +119,8 @@ def build_review(kind: ReviewerKind, question: str, trajectory: str, prediction:
     if kind != "validity":
         fields["trajectory"] = trajectory
     schema = review_schema() if config.structured_judges else None
-    return _user(_REVIEW_TEMPLATES[kind].render(**fields)), sampling_options(config.reviewer, json_schema=schema)
+    options = sampling_options(config.sampling.reviewer, json_schema=schema)
+    return _user(_REVIEW_TEMPLATES[kind].render(**fields)), options
 
 
 def build_area_chair(question: str, trajectory: str, prediction: str, reviews: Sequence[Review],
@@ -105,7 +131,7 @@ def build_area_chair(question: str, trajectory: str, prediction: str, reviews: S
         question=question, trajectory=trajectory, prediction=prediction, reviews=prompts.render_reviews(reviews),
         w_logic=weights.logic, w_sourcing=weights.sourcing, w_validity=weights.validity)
     schema = area_chair_schema() if config.structured_judges else None
-    return _user(text), sampling_options(config.area_chair, json_schema=schema)
+    return _user(text), sampling_options(config.sampling.area_chair, json_schema=schema)
 
 
 def unsupervised_verdict(reviews: Sequence[Review], area_chair_text: str) -> Verdict:

@@ -50,6 +50,15 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
     )
 
 
+def with_room_for(options: SamplingOptions, num_chars: int) -> SamplingOptions:
+    """``options`` whose token budget never cuts what its regex allows (``num_chars``: the longest such
+    text; a token is at least one character): a cut tool call or plan would parse as garbage.
+    Unchanged without a regex."""
+    if options.regex is None:
+        return options
+    return msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, num_chars))
+
+
 async def complete(
     client: ChatClient, model: str, messages: list[dict[str, Any]], options: SamplingOptions,
     request_id: str | None = None, images: Sequence[Any] = (),

@@ -22,23 +22,21 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from . import judge, prompts
+from .admission import check_fits, check_images
 from .config import AgentConfig
-from .llm import ChatClient, Completion, complete, complete_ids, sampling_options
+from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
-from .plan_searches import parse_plan_searches, plan_searches_chars, plan_searches_regex, render_plan_searches
 from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
 from .rollout import Emit, RolloutRunner
 from .stages import StageObserver, StageTimer
-from .turns import regex_literal
-from .workflows import extractive_workflow, searches_workflow
+from .strategies import choose_strategies
 from ..memory.entries import SummarisedRollout
 from ..tools.calls import truncate_words
 from ..tools.registry import Tools
 
 if TYPE_CHECKING:
-    from ..memory.handle import MemoryHandle
     from ..memory.service import MemoryService
 
 NO_ANSWER = "No answer was found."
@@ -86,7 +84,7 @@ class ResearchResult(msgspec.Struct):
 class ResearchAgent:
     """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
 
-    def __init__(self, client: ChatClient, memory: MemoryService | MemoryHandle, tools: Tools, config: AgentConfig,
+    def __init__(self, client: ChatClient, memory: MemoryService, tools: Tools, config: AgentConfig,
                  on_learn: OnLearn | None = None, stages: StageObserver | None = None) -> None:
         self.client = client
         self.memory = memory
@@ -95,110 +93,135 @@ class ResearchAgent:
         """Receives each learning question's judged rollouts (the test-time learner)."""
         self.stages = StageTimer(stages)
         """Times every stage for ``stages`` (the server's metrics) and each request's ``timings``."""
-        self.runner = RolloutRunner(client, tools, config, self.stages)
+        self.strategies = choose_strategies(config, tools)
+        """What the loop does where the config departs from the paper (chosen once, here)."""
+        self.runner = RolloutRunner(client, tools, config, self.stages, self.strategies)
         self._rng = random.Random(config.seed)
 
-    async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
-        emit = emit or _ignore
-        timings: dict[str, float] = {}
-        clock = self.stages.for_request(timings)
-        caption = None
+    def check_images(self) -> None:
+        """Refuse image questions (``QuestionRejected``) when a role that must see the image cannot."""
+        check_images(self.client, self.config.roles)
+
+    async def check(self, request: ResearchRequest) -> None:
+        """Refuse, before any work, a request this agent cannot research (``QuestionRejected``, one
+        sentence): an image it cannot see, a question or gold answers too long for its roles' contexts."""
         if request.image is not None:
-            with clock("caption"):
-                caption = await self._caption(request.image)
-            emit("caption", {"caption": caption})
-        memories, used_ids, replay = prompts.NO_MEMORIES, [], None
-        if request.use_memory and request.use_planner:
-            with clock("retrieve"):
-                memories, used_ids, replay = await self._retrieve(request.question, caption)
-        plan_prompt: list[int] = []
-        completions: list[Completion | None] = [None] * request.num_rollouts
-        affinity = uuid.uuid4().hex  # one replica for the G plans and every Planner turn that continues them
-        if request.use_planner:
-            with clock("plan"):
-                plan_prompt, planned = await self._plan(request, memories, caption, affinity,
-                                                        None if request.is_exploring else replay)
-            completions = list(planned)
+            self.check_images()
+        await check_fits(self.client, self.config.roles, request.question, request.ground_truth)
+
+    async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
+        """One question through the paper's stages (MIA.md): caption an image → retrieve memories → plan
+        (G samples) → route → execute all G (ReAct, reflect, replan) → judge and reward → memory → learn."""
+        q = _Question(request, emit or _ignore, self.stages)
+        caption = await self._caption(q)
+        memories, used_ids, replay = await self._retrieve(q, caption)
+        plan_prompt, completions = await self._plan(q, memories, caption, replay)
         plans = [strip_think(c.text) if c is not None else "" for c in completions]
-        emit("plans", {"num_plans": len(plans)})
-        with clock("route"):
-            chosen = await self._route(request.question, plans) if request.use_planner else 0
-        emit("plan_chosen", {"index": chosen, "plan": truncate_words(plans[chosen], 80)})
-        with clock("execute"):
-            runs = await asyncio.gather(*(
-                self.runner.run(request.question, plan_prompt, c, plan, i, emit, request.data_id,
-                                explore=request.is_exploring, affinity=affinity, image=request.image)
-                for i, (c, plan) in enumerate(zip(completions, plans))))
-        rollouts = [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
-                    for plan, (trajectory, ex, rf) in zip(plans, runs)]
-        new_ids: list[str] = []
-        if request.ground_truth is not None or request.learn:
-            with clock("judge"):
-                rollouts = await self._judge(request, rollouts)
-            rollouts = _with_rewards(rollouts, self.config)
-            emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
-        if request.learn and request.use_memory:  # only a request that asked to learn writes memory
-            with clock("consolidate"):
-                new_ids = await self._consolidate(request.question, caption, rollouts, used_ids, rollouts[chosen])
-        if request.learn and self.on_learn is not None and request.use_planner:
-            with clock("learn"):
-                await self.on_learn(rollouts)
+        q.emit("plans", {"num_plans": len(plans)})
+        chosen = await self._route(q, plans)
+        rollouts = await self._execute(q, plan_prompt, completions, plans)
+        rollouts = await self._judge(q, rollouts)
+        new_ids = await self._remember(q, caption, rollouts, used_ids, rollouts[chosen])
+        await self._learn(q, rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
-                              new_ids, timings, caption)
+                              new_ids, q.timings, caption)
 
-    async def _caption(self, image: Any) -> str:
-        """The captioner's (the Manager's) description of the image; its engine takes images (checked at
-        admission)."""
+    # ---- the stages, in order ------------------------------------------------------------------
+
+    async def _caption(self, q: _Question) -> str | None:
+        """An image question's caption by the captioner (the Manager): it keys retrieval, goes into the
+        plan prompt and is stored with the workflows. None for a text question."""
+        if q.request.image is None:
+            return None
         text = prompts.CAPTION.render(max_words=self.config.caption_max_words)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
-        (caption,) = await complete(self.client, self.config.roles.captioner, messages,
-                                    sampling_options(self.config.caption), images=[image])
-        return truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
+        with q.clock("caption"):
+            (caption,) = await complete(self.client, self.config.roles.captioner, messages,
+                                        sampling_options(self.config.sampling.caption), images=[q.request.image])
+            caption = truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
+        q.emit("caption", {"caption": caption})
+        return caption
 
-    async def _retrieve(self, question: str, caption: str | None) -> tuple[str, list[str], str | None]:
-        """(the Planner's memory block, the ids shown, the plan to replay or None: ``replay_min_similarity``)."""
-        result = await self.memory.search(question, caption=caption or None)
+    async def _retrieve(self, q: _Question, caption: str | None) -> tuple[str, list[str], str | None]:
+        """(the Planner's memory block, the ids shown, a verified plan to replay or None)."""
+        if not (q.request.use_memory and q.request.use_planner):
+            return prompts.NO_MEMORIES, [], None
+        with q.clock("retrieve"):
+            result = await self.memory.search(q.request.question, caption=caption or None)
         positives = [(h.entry.question, h.entry.workflow_summary) for h in result.positives]
         negatives = [(h.entry.question, h.entry.workflow_summary) for h in result.negatives]
         used = [h.entry.id for h in (*result.positives, *result.negatives)]
-        floor = self.config.replay_min_similarity
-        replay = next((h.entry.plan for h in result.positives
-                       if floor is not None and h.sim >= floor and strip_think(h.entry.plan)), None)
-        return prompts.render_memories(positives, negatives), used, replay
+        return prompts.render_memories(positives, negatives), used, self.strategies.replay.pick(result.positives)
 
-    async def _plan(self, request: ResearchRequest, memories: str, caption: str | None, affinity: str,
-                    replay: str | None = None) -> tuple[list[int], list[Completion]]:
-        """(the Planner's prompt ids, the G plans): one request with n = G. A ``searches`` plan is always
-        written under its regex (a small Planner samples that form from its own policy almost never);
-        ``replay``: a stored plan the Planner must write exactly (``replay_min_similarity``)."""
-        config = self.config
-        regex = None
-        if config.plan_form == "searches":
-            text = prompts.render_plan_searches_prompt(request.question, memories, config.max_plan_searches, caption,
-                                                       is_question_searched=config.first_query == "question")
-            regex = plan_searches_regex(config.max_plan_searches, config.regex.max_query_chars)
-        else:
-            max_words = config.planner_max_words if request.image is None else config.planner_max_words_image
-            text = prompts.render_plan_prompt(request.question, memories, max_words, caption)
-        if replay is not None:
-            replay = strip_think(replay)
-            if config.plan_form == "searches":
-                replay = render_plan_searches(parse_plan_searches(replay, config.max_plan_searches)) or replay
-            regex = regex_literal(replay)
-        messages = [{"role": "user", "content": text}]
-        num = request.num_rollouts
-        temperature = config.planner_rollout_temperature if request.is_exploring else None
-        options = sampling_options(config.planner, n=num, temperature=temperature, regex=regex, affinity_key=affinity)
-        if regex is not None:  # never cut what the regex allows (a token is at least one character)
-            longest = plan_searches_chars(config.max_plan_searches, config.regex.max_query_chars)
-            longest = max(longest, len(replay)) if replay is not None else longest
-            options = msgspec.structs.replace(options, max_tokens=max(options.max_tokens or 0, longest))
-        prompt_ids = await self.client.render_chat(self.config.roles.planner, messages)
-        return prompt_ids, await complete_ids(self.client, self.config.roles.planner, prompt_ids, options)
+    async def _plan(self, q: _Question, memories: str, caption: str | None,
+                    replay: str | None) -> tuple[list[int], list[Completion | None]]:
+        """(the Planner's prompt ids, the G plans): one request with n = G, in the plan form's words and
+        regex (``strategies.plan``); at inference a verified ``replay`` is written instead. Without the
+        Planner (plain ReAct), no plans."""
+        request = q.request
+        if not request.use_planner:
+            return [], [None] * request.num_rollouts
+        ask = self.strategies.plan.request(request.question, memories, caption, has_image=request.image is not None)
+        if replay is not None and not request.is_exploring:
+            ask = ask.replaying(self.strategies.plan.replay_text(replay))
+        temperature = self.config.planner_rollout_temperature if request.is_exploring else None
+        options = sampling_options(self.config.sampling.planner, n=request.num_rollouts, temperature=temperature,
+                                   regex=ask.regex, affinity_key=q.affinity)
+        planner = self.config.roles.planner
+        with q.clock("plan"):
+            prompt_ids = await self.client.render_chat(planner, [{"role": "user", "content": ask.text}])
+            completions = await complete_ids(self.client, planner, prompt_ids, with_room_for(options, ask.min_tokens))
+        return prompt_ids, list(completions)
 
-    async def _route(self, question: str, plans: list[str]) -> int:
-        """The Router (manager role) picks p* with Meta Plan Memory examples of similar questions."""
+    async def _route(self, q: _Question, plans: list[str]) -> int:
+        """The Router picks p* among the G plans with Meta Plan Memory examples of similar questions."""
+        with q.clock("route"):
+            chosen = await self._pick_plan(q.request.question, plans) if q.request.use_planner else 0
+        q.emit("plan_chosen", {"index": chosen, "plan": truncate_words(plans[chosen], 80)})
+        return chosen
+
+    async def _execute(self, q: _Question, plan_prompt: list[int], completions: list[Completion | None],
+                       plans: list[str]) -> list[Rollout]:
+        """All G plans executed concurrently, each with its reflection and at most one replan."""
+        request = q.request
+        with q.clock("execute"):
+            runs = await asyncio.gather(*(
+                self.runner.run(request.question, plan_prompt, c, plan, i, q.emit, request.data_id,
+                                explore=request.is_exploring, affinity=q.affinity, image=request.image)
+                for i, (c, plan) in enumerate(zip(completions, plans))))
+        return [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
+                for plan, (trajectory, ex, rf) in zip(plans, runs)]
+
+    async def _judge(self, q: _Question, rollouts: list[Rollout]) -> list[Rollout]:
+        """Every rollout judged (with ground truth, or learning without it), rewarded, and its group
+        advantage computed; unchanged on the plain inference path."""
+        if q.request.ground_truth is None and not q.request.learn:
+            return rollouts
+        with q.clock("judge"):
+            rollouts = list(await asyncio.gather(*(self._judge_one(q.request, r) for r in rollouts)))
+        rollouts = _with_rewards(rollouts, self.config)
+        q.emit("judged", {"verdicts": [r.verdict.label if r.verdict else None for r in rollouts]})
+        return rollouts
+
+    async def _remember(self, q: _Question, caption: str | None, rollouts: list[Rollout], used_ids: list[str],
+                        chosen: Rollout) -> list[str]:
+        """The memory stage: only a request that asked to learn writes memory."""
+        if not (q.request.learn and q.request.use_memory):
+            return []
+        with q.clock("consolidate"):
+            return await self._consolidate(q.request.question, caption, rollouts, used_ids, chosen)
+
+    async def _learn(self, q: _Question, rollouts: list[Rollout]) -> None:
+        """The judged rollouts to the test-time learner (a GRPO update of the Planner)."""
+        if q.request.learn and self.on_learn is not None and q.request.use_planner:
+            with q.clock("learn"):
+                await self.on_learn(rollouts)
+
+    # ---- helpers of the stages -----------------------------------------------------------------
+
+    async def _pick_plan(self, question: str, plans: list[str]) -> int:
+        """The Router's pick (the first plan when there is one, or when its prompt is too long)."""
         if len(plans) <= 1:
             return 0
         hits = await self.memory.search_meta_plans(question)
@@ -207,7 +230,7 @@ class ResearchAgent:
         text = prompts.ROUTER.render(examples=examples, question=question, plans=prompts.render_plans(plans),
                                      num_plans=len(plans))
         schema = plan_choice_schema(len(plans)) if self.config.structured_judges else None
-        options = sampling_options(self.config.router, json_schema=schema)
+        options = sampling_options(self.config.sampling.router, json_schema=schema)
         try:
             (choice,) = await complete(self.client, self.config.roles.router, [{"role": "user", "content": text}],
                                        options)
@@ -215,19 +238,19 @@ class ResearchAgent:
             return 0
         return parse_plan_choice(choice, len(plans))
 
-    async def _judge(self, request: ResearchRequest, rollouts: list[Rollout]) -> list[Rollout]:
-        return list(await asyncio.gather(*(self._judge_one(request, r) for r in rollouts)))
-
     async def _judge_one(self, request: ResearchRequest, rollout: Rollout) -> Rollout:
+        """The verdict on the final answer (and on the first, when a replan changed it): graded against
+        the ground truth (``strategies.supervised_judge``), else by the reviewers and the Area Chair."""
         t = rollout.trajectory
         start = time.perf_counter()
         if request.ground_truth is not None:
-            verdict = await judge.judge_supervised(self.client, self.config, request.question,
-                                                   request.ground_truth, t.final_answer)
+            grader = self.strategies.supervised_judge
+            verdict = await judge.judge_supervised(self.client, grader, request.question, request.ground_truth,
+                                                   t.final_answer)
             first = verdict
             if t.did_replan and t.first_answer != t.final_answer:
-                first = await judge.judge_supervised(self.client, self.config, request.question,
-                                                     request.ground_truth, t.first_answer)
+                first = await judge.judge_supervised(self.client, grader, request.question, request.ground_truth,
+                                                     t.first_answer)
         else:
             trace = prompts.render_trace(request.question, t.turns, t.observations, self.config.trace_max_words)
             verdict = await judge.judge_unsupervised(self.client, self.config, request.question, trace,
@@ -238,36 +261,35 @@ class ResearchAgent:
 
     async def _consolidate(self, question: str, caption: str | None, rollouts: list[Rollout], used_ids: list[str],
                            chosen: Rollout) -> list[str]:
-        """Memory counters of what was retrieved, then the shortest success and one failure, summarised
-        by the Manager, as workflow memories (and a Meta Plan pair when both exist)."""
+        """Memory counters of what was retrieved, then the shortest success and one failure
+        (``select_memories``), written as workflow memories (``strategies.workflow``), and a Meta Plan
+        pair when both exist."""
         if used_ids and chosen.verdict is not None:
             await self.memory.record_outcome(used_ids, chosen.verdict.is_correct)
-        positive, negative = select_memories(rollouts, self._rng)
-        selected = [r for r in (positive, negative) if r is not None]
+        picked = select_memories(rollouts, self._rng)
+        selected = [r for r in picked if r is not None]
         if not selected:
             return []
-        summaries = await asyncio.gather(*(self._summarise(question, r) for r in selected))
-        records = [summarised(question, r, summary, self.config.trace_max_words)
-                   for r, summary in zip(selected, summaries)]
+        summaries = iter(await asyncio.gather(*(self.strategies.workflow.write(self.client, question, r)
+                                                 for r in selected)))
+        records = tuple(None if r is None else summarised(question, r, next(summaries), self.config.trace_max_words)
+                        for r in picked)
         result = await self.memory.consolidate_group(question, records, caption=caption or None)
         return [added.id for added in (result.positive, result.negative) if added is not None]
 
-    async def _summarise(self, question: str, rollout: Rollout) -> str:
-        if self.config.workflow_summary == "extractive":
-            if self.config.plan_form == "searches":
-                searches = parse_plan_searches(rollout.plan, self.config.max_plan_searches)
-                return searches_workflow(searches, rollout.is_correct)
-            return extractive_workflow(rollout.trajectory, rollout.is_correct, self.config.summary_max_words)
-        trace = _trajectory_text(question, rollout.trajectory, self.config.trace_max_words)
-        text = prompts.WORKFLOW_SUMMARY.render(max_words=self.config.summary_max_words, question=question,
-                                               outcome="correct" if rollout.is_correct else "incorrect",
-                                               trajectory=trace)
-        try:
-            (summary,) = await complete(self.client, self.config.roles.manager, [{"role": "user", "content": text}],
-                                        sampling_options(self.config.manager))
-        except ValueError:
-            summary = ""
-        return truncate_words(strip_think(summary), self.config.summary_max_words) or rollout.plan[:500] or "-"
+
+class _Question:
+    """One question on its way through the stages: the request, its progress callback, its stage clock
+    and timings, and the replica key its plans and Planner turns share."""
+
+    def __init__(self, request: ResearchRequest, emit: Emit, stages: StageTimer) -> None:
+        self.request = request
+        self.emit = emit
+        self.timings: dict[str, float] = {}
+        """Seconds per stage (``ResearchResult.timings``)."""
+        self.clock = stages.for_request(self.timings)
+        self.affinity = uuid.uuid4().hex
+        """One replica for the G plans and every Planner turn that continues them."""
 
 
 def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:

@@ -76,13 +76,9 @@ def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
 
 def select_memories(rollouts: Sequence[Rollout], rng: random.Random) -> tuple[Rollout | None, Rollout | None]:
     """(shortest successful rollout, one random failed rollout) by ``memory.consolidation.choose_rollouts``;
-    either may be None.
+    either may be None. The one pick: the memory service stores these two as they are.
 
     Shortest = fewest Executor turns, then fewest characters (``Rollout.length``); the first among equals.
     Rollouts without a usable verdict (none, or the judge's output was garbage) have no label to learn from."""
     return choose_rollouts([r for r in rollouts if r.verdict is not None and r.verdict.is_parsed], rng)
 
-
-def should_store_meta_plan(positive: Rollout | None, negative: Rollout | None) -> bool:
-    """A (successful plan, failed plan) pair is stored only when the group has both outcomes."""
-    return positive is not None and negative is not None

@@ -15,7 +15,7 @@ import re
 import msgspec
 
 from ..tools.calls import ToolCall
-from .model_text import THINK_CLOSE, THINK_OPEN, is_think_balanced, strip_think
+from .model_text import THINK_CLOSE, THINK_OPEN, is_think_balanced
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -119,11 +119,6 @@ def parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     if not isinstance(arguments, dict):
         return None, '"arguments" must be a JSON object'
     return ToolCall(value["name"].strip(), arguments), None
-
-
-def answer_or_text(turn: ExecutorTurn) -> str:
-    """The reference's fallback: the ``<answer>`` body, else the turn's text after its think block."""
-    return turn.answer if turn.answer is not None else strip_think(turn.text)
 
 
 # ---- structured outputs ----------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Workflow memories read off a trajectory (``agent.workflow_summary = "extractive"``).
+"""How a judged rollout becomes a workflow memory (``agent.workflow_summary``), one writer each.
 
 The paper's Manager compresses a judged trajectory into numbered "**action purpose** (input →
-output)" steps. A Manager too small for that invents names the trajectory never saw, and the Planner
-copies them into every later plan for the question. This writes the same steps from what the
-trajectory actually did: each tool call's queries and the titles its results carried, then the
-answer and, for a failure, that it was judged wrong. A rollout of a ``searches`` plan is written as the
-searches it ran, in the plan's form.
+output)" steps (``ManagerSummary``). A Manager too small for that invents names the trajectory never
+saw, and the Planner copies them into every later plan for the question. ``ExtractiveWorkflow``
+writes the same steps from what the trajectory actually did: each tool call's queries and the titles
+its results carried, then the answer and, for a failure, that it was judged wrong.
+``SearchesWorkflow`` writes a rollout of a ``searches`` plan as the searches it ran, in the plan's form.
 """
 
 from __future__ import annotations
@@ -13,15 +13,68 @@ from __future__ import annotations
 import json
 import re
 import sys
+from typing import Protocol
 
+from . import prompts
+from .config import AgentConfig
+from .llm import ChatClient, complete, sampling_options
+from .model_text import strip_think
+from .plan_searches import parse_plan_searches, render_plan_searches
+from .records import Rollout, Trajectory
+from .turns import ExecutorTurn
 from ..tools.calls import Observation, truncate_words
 from ..tools.registry import query_list
-from .plan_searches import render_plan_searches
-from .records import Trajectory
-from .turns import ExecutorTurn
 
 _TITLE = re.compile(r"(?:Doc|Image) \d+\(Title: ([^)\n]*)\)")
 _MAX_TITLES = 3
+
+
+class WorkflowWriter(Protocol):
+    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+        """The workflow memory of a judged rollout (``client``: the engines, for a writer that asks a model)."""
+        ...
+
+
+class ManagerSummary:
+    """The Manager summarises the trajectory (``workflow_summary = "manager"``; paper, reference)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+        """The summary, its thinking stripped; the plan's start when the Manager gives nothing."""
+        config, trajectory = self.config, rollout.trajectory
+        trace = prompts.render_trace(question, trajectory.turns, trajectory.observations, config.trace_max_words)
+        text = prompts.WORKFLOW_SUMMARY.render(max_words=config.summary_max_words, question=question,
+                                               outcome="correct" if rollout.is_correct else "incorrect",
+                                               trajectory=trace)
+        try:
+            (summary,) = await complete(client, config.roles.manager, [{"role": "user", "content": text}],
+                                        sampling_options(config.sampling.manager))
+        except ValueError:
+            summary = ""
+        return truncate_words(strip_think(summary), config.summary_max_words) or rollout.plan[:500] or "-"
+
+
+class ExtractiveWorkflow:
+    """The steps read off the trajectory, no model call (``workflow_summary = "extractive"``)."""
+
+    def __init__(self, max_words: int) -> None:
+        self.max_words = max_words
+
+    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+        return extractive_workflow(rollout.trajectory, rollout.is_correct, self.max_words)
+
+
+class SearchesWorkflow:
+    """A ``searches`` plan's rollout as its searches (``workflow_summary = "extractive"`` with
+    ``plan_form = "searches"``), so a later Planner reuses a success by copying it."""
+
+    def __init__(self, max_searches: int) -> None:
+        self.max_searches = max_searches
+
+    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+        return searches_workflow(parse_plan_searches(rollout.plan, self.max_searches), rollout.is_correct)
 
 
 def searches_workflow(searches: list[str], is_correct: bool) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..structs import Frozen
+from ..base.structs import Frozen
 
 
 class GpusConfig(Frozen):

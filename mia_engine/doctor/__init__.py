@@ -32,14 +32,12 @@ from pathlib import Path
 
 import msgspec
 
+from .random_stack import grpo_samples, random_stack
+
 QWEN3_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
             "intermediate_size": 12288, "vocab_size": 151936}
 SMALL = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
          "intermediate_size": 768, "vocab_size": 4096}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TOKENS_PER_STEP = 32768
-"""Tokens in the doctor's GRPO step, cut into sequences of ``--seq-len`` (8 x 4096, 2 x 16384): steps at
-different lengths take about the same time, and their per-token times compare."""
 BF16_DENSE_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200 NVL", 835.0),
                      ("H200", 989.4), ("A100", 312.0))
 """bf16 dense tensor-core peak (TFLOP/s, NVIDIA's datasheets, without sparsity) by a part of torch's
@@ -88,7 +86,7 @@ def check_kernel(device: str, is_small: bool) -> Check:
     from kernels.memory_score_ref import memory_topk_ref
     from kernels.memory_score_triton import triton
 
-    from .memory.config import ScoreWeights
+    from ..memory.config import ScoreWeights
 
     if triton is None:
         return Check("memory kernel", "SKIP", "triton is not installed")
@@ -125,19 +123,19 @@ def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) 
     backward twice that), which grows with T: per token it is 4x larger at 16k than at 4k."""
     import torch
 
-    from .deploy.budget import GIB, learner_items
-    from .deploy.shapes import decoder_shape
-    from .learner.config import LearnerConfig
-    from .learner.learner import PlannerLearner
+    from ..deploy.budget import GIB, learner_items
+    from ..deploy.shapes import decoder_shape
+    from ..learner.config import LearnerConfig
+    from ..learner.learner import PlannerLearner
 
     shape = {**(SMALL if is_small else QWEN3_8B), "num_hidden_layers": 2 if is_small else num_layers,
              "model_type": "qwen3", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
     seq_len = 64 if is_small else seq_len
     config = LearnerConfig(device=device, dtype="float32" if device == "cpu" else "bfloat16", lr=1e-6,
                            micro_batch_size=1, gradient_checkpointing=True, max_grad_norm=1.0)
-    samples = _samples(shape["vocab_size"], seq_len)
+    samples = grpo_samples(shape["vocab_size"], seq_len)
     with tempfile.TemporaryDirectory(prefix="mia-doctor-") as tmp:
-        base, adapter = _random_stack(Path(tmp), shape, device)
+        base, adapter = random_stack(Path(tmp), shape, device)
         learner = PlannerLearner(base, adapter, config, publish_dtype=torch.bfloat16)
         seconds, result = _timed_step(learner, samples, device)
     if not result.is_accepted:
@@ -193,47 +191,6 @@ def peak_share(flops: tuple[float, float], seconds: float, name: str) -> str:
         return f"{rate:.0f} TFLOP/s by 6*N*tokens, {name}: bf16 peak unknown"
     return (f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f} % of the {name} bf16 dense peak ({peak:.0f}) by "
             f"6*N*tokens, {100 * (linear + attention) / seconds / 1e12 / peak:.1f} % with attention")
-
-
-def _random_stack(folder: Path, shape: dict, device: str) -> tuple[Path, Path]:
-    """A random-weight Qwen3 stack of ``shape`` saved as a model folder, and a rank-64 adapter for it.
-
-    Initialised on ``device``: on a GPU, filling the 36-layer stack's 8 B random weights on the CPU
-    would take longer than the step it is built for."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from .models.lora import write_lora_adapter
-
-    config = Qwen3Config(**{k: v for k, v in shape.items() if k not in ("model_type", "torch_dtype")})
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)  # never a float32 copy
-    model.save_pretrained(folder / "base")
-    del model
-    write_lora_adapter(folder / "adapter", shape, rank=64, alpha=128, target_modules=LORA_TARGETS, seed=0,
-                       b_std=0.0, base_model_name=str(folder / "base"))
-    return folder / "base", folder / "adapter"
-
-
-def _samples(vocab_size: int, seq_len: int) -> list:
-    """About TOKENS_PER_STEP tokens in sequences of ``seq_len`` (2 to 8 of them, in two groups when there
-    are 4 or more), a quarter prompt; rewards alternate 0, 1 within each group."""
-    import random
-
-    from .learner.batching import GRPOSample
-
-    rng = random.Random(0)
-    prompt_len = seq_len // 4
-    num_sequences = min(8, max(2, TOKENS_PER_STEP // seq_len))
-    num_groups = 2 if num_sequences >= 4 else 1
-    samples = []
-    for group in range(num_groups):
-        prompt = [rng.randrange(vocab_size) for _ in range(prompt_len)]
-        for i in range(num_sequences // num_groups):
-            samples.append(GRPOSample(prompt_ids=prompt, reward=float(i % 2), group_id=f"g{group}",
-                                      completion_ids=[rng.randrange(vocab_size) for _ in range(seq_len - prompt_len)]))
-    return samples
 
 
 def check_faiss_gpu(has_gpu: bool, is_small: bool) -> Check:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import msgspec
 
-from .devices import bind_thread
+from ..devices import bind_thread
+from .random_stack import grpo_samples, random_stack
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536,
           "vocab_size": 30522}
@@ -159,7 +160,7 @@ def _searcher(device: str, num_keys: int) -> Callable[[], None]:
 
     from kernels.memory_score import memory_topk
 
-    from .memory.config import ScoreWeights
+    from ..memory.config import ScoreWeights
 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
@@ -186,17 +187,16 @@ def _learner_step(folder: Path, device: str, shape: dict, num_layers: int, seq_l
     """One GRPO step of a random Qwen3-8B-shaped stack (the doctor's ``grpo`` check's model and batch)."""
     import torch
 
-    from .doctor import _random_stack, _samples
-    from .learner.config import LearnerConfig
-    from .learner.learner import PlannerLearner
+    from ..learner.config import LearnerConfig
+    from ..learner.learner import PlannerLearner
 
     shape = {**shape, "num_hidden_layers": num_layers, "model_type": "qwen3", "tie_word_embeddings": False,
              "torch_dtype": "bfloat16"}
-    base, adapter = _random_stack(folder, shape, device)
+    base, adapter = random_stack(folder, shape, device)
     config = LearnerConfig(device=device, dtype="float32" if device == "cpu" else "bfloat16", micro_batch_size=1,
                            gradient_checkpointing=True)
     learner = PlannerLearner(base, adapter, config, publish_dtype=torch.bfloat16)
-    samples = _samples(shape["vocab_size"], seq_len)
+    samples = grpo_samples(shape["vocab_size"], seq_len)
 
     def step() -> None:
         result = learner.step(samples)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +85,15 @@ class RoleServer:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         config_lock = threading.Lock()
-        for group in start_groups(self.config.engines):
+        envs = {name: spawn_env(self.config, name) for name in self.config.engines}
+        for group in start_groups(self.config.engines, envs):
             engines = []
             for name in group:
                 engine_config = self.config.engines[name]
                 path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
                 engines.append(VLLMEngine(name, engine_config, path))
                 log.info("starting engine %s from %s", name, path)
-            results = await start_together(engines, config_lock)
+            results = await start_together(engines, config_lock, envs[group[0]])
             for engine in engines:  # registered even when a sibling failed, so shutdown() stops them
                 self.engines[engine.name] = engine
                 self._targets[engine.name] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
@@ -216,12 +217,13 @@ class RoleServer:
                 raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
 
 
-async def start_together(engines: Sequence[VLLMEngine], config_lock: threading.Lock) -> list[BaseException | None]:
+async def start_together(engines: Sequence[VLLMEngine], config_lock: threading.Lock,
+                         env: Mapping[str, str]) -> list[BaseException | None]:
     """Start a group of engines concurrently (``startup.start_groups`` made it); one result per engine,
-    an exception where it failed. The group's spawn environment is set around the starts, and what vLLM
-    changes in this process meanwhile is undone once they are up (``startup.process_state_kept``)."""
-    configs = [engine.config for engine in engines]
-    with applied_env(spawn_env(configs[0])), process_state_kept(configs):  # the members need the same one
+    an exception where it failed. The group's spawn environment ``env`` (``startup.spawn_env``, the same
+    for every member) is set around the starts, and what vLLM changes in this process meanwhile is
+    undone once they are up (``startup.process_state_kept``)."""
+    with applied_env(env), process_state_kept(env):
         results = await asyncio.gather(*(e.start(config_lock) for e in engines), return_exceptions=True)
     return [result if isinstance(result, BaseException) else None for result in results]
 

@@ -14,29 +14,24 @@ Three rules, each owned here:
    start-up runs the engines first whenever it is not empty (vLLM profiles free GPU memory at start).
 3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
    ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
-   never a process-wide ``CUDA_VISIBLE_DEVICES``. The few variables vLLM still only reads from the
-   environment of the spawned child (CPU KV-cache size, in-process ``uni``, and the caches of oneDNN
-   primitives, ``onednn_cache.py``) are set
-   by ``spawn_env`` from the event-loop thread around a group's start, and engines start together only
-   when they need the same environment and disjoint GPUs (``start_groups``). ``LD_PRELOAD`` is the
-   exception: vLLM's CPU platform edits it itself while it builds the engine's config, so the allocator
-   (``preload_tcmalloc``) is added there, by ``engines/cpu_platform.py``.
+   never a process-wide ``CUDA_VISIBLE_DEVICES``. On vLLM's CPU platform a few settings are read only from
+   the environment of the spawned child (``engines/cpu/spawn.py``); ``spawn_env`` asks the CPU package for
+   them there and has none on a GPU. They are set from the event-loop thread around a group's start, and
+   engines start together only when they need the same environment and disjoint GPUs (``start_groups``).
 """
 
 from __future__ import annotations
 
-import ctypes.util
 import logging
 import os
 import sys
 import zlib
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..devices import serving_device_fields
-from ..onednn_cache import onednn_cache_env
-from .cpu_lora import CONFIG_KEY as CPU_LORA_KEY
+from .platforms import is_cpu_platform
 
 if TYPE_CHECKING:
     from ..config import EngineConfig, MIAConfig
@@ -44,14 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
-
-
-MALLOC_KEY = "mia_cpu_malloc"
-"""Key of ``EngineConfig.cpu_malloc`` in vLLM's ``additional_config``, read by ``engines/cpu_platform.py``."""
-ASYNC_SCHEDULING_KEY = "mia_cpu_async_scheduling"
-"""Key of ``EngineConfig.cpu_async_scheduling`` in vLLM's ``additional_config``, read by ``engines/cpu_platform.py``."""
-TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
-"""TCMalloc's library names, as ``ctypes.util.find_library`` looks them up (Debian: libtcmalloc-minimal4)."""
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+"""vLLM's engine-core process switch; "0" (``uni`` on a CPU) runs the engine in this process."""
 
 
 def use_spawn(environ: dict[str, str] | None = None) -> None:
@@ -69,38 +58,14 @@ def cuda_components(config: MIAConfig) -> list[str]:
     return [name for name, device in fields.items() if device == "auto" or device.startswith("cuda")]
 
 
-def spawn_env(config: EngineConfig) -> dict[str, str]:
-    """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
-    wanted = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(config.cpu_kv_cache_space_gib))),
-              **onednn_cache_env(config.cpu_onednn_cache_capacity)}
-    if config.executor_backend == "uni":  # vLLM's CPU platform turns ``uni`` into ``mp`` unless this is off
-        wanted["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    return wanted
+def spawn_env(config: MIAConfig, name: str) -> dict[str, str]:
+    """Environment engine ``name``'s spawned processes must inherit (vLLM reads these nowhere else): on
+    vLLM's CPU platform the CPU package's (``engines/cpu/spawn.py``); on a GPU none."""
+    if not is_cpu_platform():
+        return {}
+    from . import cpu
 
-
-def cpu_platform_options(config: EngineConfig) -> dict[str, str | bool]:
-    """The engine's ``additional_config``: the choices ``engines/cpu_platform.py`` reads (CPU only)."""
-    return {CPU_LORA_KEY: config.cpu_lora_ops, MALLOC_KEY: config.cpu_malloc,
-            ASYNC_SCHEDULING_KEY: config.cpu_async_scheduling}
-
-
-def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:
-    """Put the system's TCMalloc first in ``environ["LD_PRELOAD"]`` unless one is there already.
-
-    Returns what is preloaded (a soname: the dynamic loader finds it on its own path), or None where the
-    system has no TCMalloc; glibc's malloc then stays, with a warning that says what to install."""
-    preload = environ.get("LD_PRELOAD", "")
-    present = [part for part in preload.split(":") if "libtcmalloc" in part]
-    if present:
-        return present[0]
-    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
-    if library is None:
-        log.warning("cpu_malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
-                    "malloc (install libtcmalloc-minimal4, as vLLM's CPU guide asks, or set 'glibc')")
-        return None
-    environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
-    log.info("engine processes preload %s (cpu_malloc = 'tcmalloc')", library)
-    return library
+    return cpu.spawn_env(config.engines[name], config.cpu_onednn_cache_capacity)
 
 
 @contextmanager
@@ -119,14 +84,15 @@ def applied_env(wanted: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def process_state_kept(configs: Sequence[EngineConfig]) -> Iterator[None]:
+def process_state_kept(env: Mapping[str, str]) -> Iterator[None]:
     """Undo what vLLM's start-up writes into this process while a group of engines starts: environment
     variables (its CPU platform sets ``LD_PRELOAD``, ``LOCAL_WORLD_SIZE``, ...; on a GPU its in-process
     executor sets ``OMP_NUM_THREADS``) and torch's intra-op thread count (lowered and restored around each
     engine's spawn). Each start sets and restores these process-wide, so starts running in parallel
     threads interleave, and whichever restores last leaves its value behind. The engines' own processes
     have inherited what they need by the time the group is up. An engine that runs in this process
-    (``uni`` on a CPU) keeps the thread count its model set."""
+    (``uni`` on a CPU: the group's spawn ``env`` turns multiprocessing off) keeps the thread count its
+    model set."""
     environ, num_threads = dict(os.environ), _torch_threads()
     try:
         yield
@@ -134,7 +100,7 @@ def process_state_kept(configs: Sequence[EngineConfig]) -> Iterator[None]:
         changed = sorted(k for k in set(environ) | set(os.environ) if environ.get(k) != os.environ.get(k))
         os.environ.clear()
         os.environ.update(environ)
-        is_in_process = any(spawn_env(c).get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" for c in configs)
+        is_in_process = env.get(MULTIPROCESSING_ENV) == "0"
         if num_threads is not None and not is_in_process and _torch_threads() != num_threads:
             import torch
 
@@ -150,18 +116,18 @@ def _torch_threads() -> int | None:
     return torch.get_num_threads() if torch is not None else None
 
 
-def start_groups(engines: Mapping[str, EngineConfig]) -> list[list[str]]:
+def start_groups(engines: Mapping[str, EngineConfig], envs: Mapping[str, Mapping[str, str]]) -> list[list[str]]:
     """Engines that may start concurrently, group by group, in config order.
 
-    Two engines share a group only when they need the same spawn environment and both name their GPUs
-    and the sets are disjoint: vLLM sizes its KV cache from the free memory it measures at start, so an
-    engine starting on a GPU another one is filling would size it wrong. No ``devices`` means the
-    default device set (or the CPU): such an engine starts on its own.
+    Two engines share a group only when they need the same spawn environment (``envs``, by engine: see
+    ``spawn_env``) and both name their GPUs and the sets are disjoint: vLLM sizes its KV cache from the
+    free memory it measures at start, so an engine starting on a GPU another one is filling would size
+    it wrong. No ``devices`` means the default device set (or the CPU): such an engine starts on its own.
     """
     groups: list[list[str]] = []
     for name, engine in engines.items():
         for group in groups:
-            if all(_can_start_together(engine, engines[other]) for other in group):
+            if all(_can_start_together(engine, engines[other]) and envs[name] == envs[other] for other in group):
                 group.append(name)
                 break
         else:
@@ -172,7 +138,7 @@ def start_groups(engines: Mapping[str, EngineConfig]) -> list[list[str]]:
 def _can_start_together(a: EngineConfig, b: EngineConfig) -> bool:
     if not a.devices or not b.devices or a.executor_backend == "ray" or b.executor_backend == "ray":
         return False
-    return spawn_env(a) == spawn_env(b) and not set(a.devices) & set(b.devices)
+    return not set(a.devices) & set(b.devices)
 
 
 def replica_for(key: str, num_replicas: int) -> int:

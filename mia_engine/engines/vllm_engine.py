@@ -1,8 +1,9 @@
 """One vLLM ``AsyncLLM`` serving one base model (and any number of LoRA adapters on it).
 
-vLLM is configured through engine args (GPUs included: ``devices`` -> ``device_ids``); the few variables
-its spawned processes read only from the environment are applied by the caller around a group of starts
-(``startup.py``).
+vLLM is configured through engine args (GPUs included: ``devices`` -> ``device_ids``); on vLLM's CPU
+platform the CPU package adds its own (``engines/cpu/options.py``: the dtype ``auto`` asks for, our keys in
+``additional_config``). The few variables its spawned processes read only from the environment are
+applied by the caller around a group of starts (``startup.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 
 from ..config import EngineConfig
-from .startup import cpu_platform_options, replica_for
+from .platforms import is_cpu_platform
+from .startup import replica_for
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,16 @@ def has_vision_tower(model_dir: Path) -> bool:
 def executor_backend(config: EngineConfig) -> str | None:
     """vLLM's ``distributed_executor_backend`` for this engine (None: vLLM decides)."""
     return None if config.executor_backend == "auto" else config.executor_backend
+
+
+def platform_engine_args(config: EngineConfig) -> dict[str, Any]:
+    """The engine args vLLM's CPU platform needs beyond a GPU's (``engines/cpu/options.py: engine_args``);
+    none on a GPU, where the CPU package is never imported."""
+    if not is_cpu_platform():
+        return {}
+    from . import cpu
+
+    return cpu.engine_args(config)
 
 
 class VLLMEngine:
@@ -75,8 +87,12 @@ class VLLMEngine:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     def _engine_args(self) -> AsyncEngineArgs:
+        return AsyncEngineArgs(**{**self._common_engine_args(), **platform_engine_args(self.config)})
+
+    def _common_engine_args(self) -> dict[str, Any]:
+        """The engine args on every platform."""
         c = self.config
-        return AsyncEngineArgs(
+        return dict(
             model=str(self.model_dir),
             served_model_name=self.name,
             dtype=c.dtype,
@@ -98,7 +114,6 @@ class VLLMEngine:
             max_loras=c.max_loras,
             max_cpu_loras=c.max_cpu_loras,
             seed=c.seed,
-            additional_config=cpu_platform_options(c),
             disable_log_stats=True,
             distributed_executor_backend=executor_backend(c),
             structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,
@@ -139,10 +154,6 @@ class VLLMEngine:
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
-
-    async def reset_prefix_cache(self) -> bool:
-        """Drop the cached KV blocks (a benchmark's replay starts cold, as the request it replays did)."""
-        return await self._llm.reset_prefix_cache()
 
     async def add_lora(self, request: LoRARequest) -> bool:
         return await self._llm.add_lora(request)

@@ -14,11 +14,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .agent.judge import is_match
-from .agent.loop import ResearchRequest, ResearchResult
-from .config import MIAConfig
-from .data import Question, load_dataset, question_image
-from .services import Services, with_services
+from ..agent.judge import is_match
+from ..agent.loop import ResearchRequest, ResearchResult
+from ..config import MIAConfig
+from ..base.data import Question, load_dataset, question_image
+from .report import pyplot
+from ..services import Services, with_services
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,8 @@ def run(config: MIAConfig, dataset: str, out: Path, *, concurrency: int, rollout
 def ttl(config: MIAConfig, dataset: str, out: Path, *, epochs: int, concurrency: int, rollouts: int,
         limit: int | None, metrics_out: Path, plot: Path | None) -> None:
     """Test-time learning over a dataset: every question learns; per-update metrics go to ``metrics_out``."""
+    if plot is not None:
+        pyplot()  # a missing plotting extra fails before the epochs run, not after
     questions = load_dataset(dataset, limit)
 
     async def work(services: Services) -> None:
@@ -137,11 +140,7 @@ def _update_row(report: Any) -> dict[str, Any]:
 
 def plot_metrics(metrics: Path, out: Path) -> None:
     """Reward per update and accuracy per epoch, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     updates = [r for r in rows if r.get("update")]
     epochs = [r for r in rows if "epoch" in r and "judge_accuracy" in r]

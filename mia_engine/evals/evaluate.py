@@ -31,78 +31,24 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from tqdm import tqdm
 
-from .agent.judge import is_match
-from .agent.llm import complete_ids, sampling_options
-from .agent.loop import NO_ANSWER, ResearchRequest, ResearchResult
-from .config import MIAConfig
-from .data import (NAMED_DATASETS, Question, load_dataset, named_dataset_path, question_image, read_rows,
+from . import report as eval_report
+from ..agent.judge import is_match
+from ..agent.llm import complete_ids, sampling_options
+from ..agent.loop import NO_ANSWER, ResearchRequest, ResearchResult
+from ..config import MIAConfig
+from ..base.data import (NAMED_DATASETS, Question, load_dataset, named_dataset_path, question_image, read_rows,
                    row_question)
+from .results import BASELINES, MODES, TTL_MODES, PassResult, Prediction, summarise
 
 if TYPE_CHECKING:  # the services (vLLM) load only when a pass runs: ``--help`` stays fast
-    from .services import Services
+    from ..services import Services
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("bare", "react", "mia_g1", "mia_g4")
-TTL_MODES = ("ttl_supervised", "ttl_unsupervised")
-MODES = (*BASELINES, *TTL_MODES)
 BARE_PROMPT = "Answer with only the name or number.\nQuestion: {question}"
 
 
-class Prediction(msgspec.Struct, frozen=True):
-    """One question's outcome in one pass."""
-
-    id: str
-    prediction: str
-    is_match: bool
-    is_found: bool
-    num_tool_calls: int
-    num_tokens: int
-    """Generated tokens: the bare answer; or, over all rollouts, the Planner's plan, reflection and
-    replan and the Executor's generated turns and evidence answer (re-tokenized: a plan written under a
-    regex is generated but not the policy's sample, so the learner's mask would miss it). Judge, Router
-    and Manager summaries are not counted."""
-    seconds: float
-    """This question's latency (with ``concurrency`` questions in flight)."""
-    judge: str | None = None
-    """Who judged the returned answer in a learning pass: ``supervised`` / ``unsupervised`` (None: no judge)."""
-
-
-class PassResult(msgspec.Struct, frozen=True):
-    """One pass over the questions."""
-
-    mode: str
-    epoch: int | None
-    """TTL: the epoch after which this was measured (1..E); None for a baseline."""
-    is_learning: bool
-    """A TTL pass that learned (G rollouts, judge, memory, GRPO) rather than a G = 1 measurement."""
-    accuracy: float
-    answers_found: float
-    tool_calls_per_question: float
-    tokens_per_question: float
-    seconds_per_question: float
-    """The pass's wall time / its questions (throughput at the given concurrency)."""
-    wall_seconds: float
-    predictions: list[Prediction]
-    num_updates: int = 0
-    """GRPO updates of the Planner published during this pass (learning passes)."""
-
-
 Answer = Callable[[Question], Awaitable[Prediction]]
-
-
-def summarise(mode: str, epoch: int | None, predictions: list[Prediction], wall_seconds: float, *,
-              is_learning: bool = False, num_updates: int = 0) -> PassResult:
-    """A pass's averages from its predictions (in question order)."""
-    count = max(len(predictions), 1)
-
-    def mean(values: Any) -> float:
-        return sum(values) / count
-
-    return PassResult(mode, epoch, is_learning, mean(p.is_match for p in predictions),
-                      mean(p.is_found for p in predictions), mean(p.num_tool_calls for p in predictions),
-                      mean(p.num_tokens for p in predictions), wall_seconds / count, wall_seconds, predictions,
-                      num_updates)
 
 
 async def run_pass(questions: list[Question], answer: Answer, *, concurrency: int,
@@ -134,7 +80,7 @@ async def run_pass(questions: list[Question], answer: Answer, *, concurrency: in
 
 def bare_answer(services: Services) -> Answer:
     """The ``manager`` role asked directly (bench_quality's prompt and the config's Manager sampling)."""
-    options = sampling_options(services.config.agent.manager)
+    options = sampling_options(services.config.agent.sampling.manager)
     manager = services.config.agent.roles.manager
 
     async def answer(question: Question) -> Prediction:
@@ -257,7 +203,7 @@ def fresh_config(config: MIAConfig, root: Path, name: str) -> MIAConfig:
 async def evaluate(config: MIAConfig, questions: list[Question], modes: list[str], *, epochs: int,
                    concurrency: int) -> dict[str, Any]:
     """Every mode's passes, as {mode: PassResult} for baselines and {mode: [PassResult, ...]} for TTL."""
-    from .services import with_services  # loads the services (vLLM): only when a pass runs
+    from ..services import with_services  # loads the services (vLLM): only when a pass runs
 
     root = Path(tempfile.mkdtemp(prefix="mia-eval-"))
     results: dict[str, Any] = {}
@@ -314,8 +260,8 @@ def select_questions(dataset: str, split: str, limit: int | None) -> list[Questi
 
 def main(config: MIAConfig, config_name: str, overrides: dict[str, Any], options: EvalOptions) -> dict[str, Any]:
     """Run every mode, print the table, write the JSON (and the plot); the JSON document is returned."""
-    from . import eval_report
-
+    if options.plot is not None:
+        eval_report.pyplot()  # a missing plotting extra fails before the passes run, not after
     questions = select_questions(options.dataset, options.split, options.limit)
     log.info("eval: %d questions, modes %s, config %s %s", len(questions), ", ".join(options.modes), config_name,
              overrides or "(no overrides)")

@@ -3,19 +3,19 @@ accuracy by test-time-learning epoch with the baselines as reference lines.
 
 Each measured pass is also compared with a reference baseline question by question (the questions
 one got right and the other did not, and an exact sign test on them): on a small dev set and a small
-model a few points between two configs are often chance (bench/RESULTS.md section 5), and the
-table should say so rather than leave it to the reader."""
+model a few points between two configs are often chance, and the table should say so rather than
+leave it to the reader. Plots need matplotlib, the ``plot`` extra (``pip install 'mia-engine[plot]'``)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from scipy.stats import binomtest
 
-from .evaluate import BASELINES, TTL_MODES, PassResult
+from .results import BASELINES, TTL_MODES, PassResult
 
 COLUMNS = ("mode", "epoch", "accuracy", "found", "tool calls", "tokens", "s/question", "vs reference")
 REFERENCES = ("react", "bare")
@@ -48,8 +48,15 @@ def paired(this: PassResult, reference: PassResult) -> Paired:
     both = [(p.is_match, right[p.id]) for p in this.predictions if p.id in right]
     wins = sum(a and not b for a, b in both)
     losses = sum(b and not a for a, b in both)
-    p_value = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
-    return Paired(wins, losses, float(p_value))
+    return Paired(wins, losses, sign_test(wins, losses))
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided sign test: the chance, if each question were a fair coin, of a split at least as
+    uneven as ``wins`` against ``losses`` (1.0 when they are equal or both 0)."""
+    num = wins + losses
+    tail = sum(math.comb(num, k) for k in range(min(wins, losses) + 1))
+    return min(1.0, 2 * tail / 2**num)
 
 
 def versus(results: dict[str, Any]) -> tuple[str | None, dict[str, Paired]]:
@@ -100,13 +107,24 @@ def write_json(document: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(document, indent=1, ensure_ascii=False))
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only ``Agg`` backend; without matplotlib, exit with one line that
+    names the extra to install."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("python -m mia_engine: error: --plot needs matplotlib: "
+                         "pip install 'mia-engine[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot(results: dict[str, Any], out: Path, *, title: str) -> None:
     """Accuracy after each epoch for both TTL variants (epoch 0 = mia_g1: the same fresh state), with
     the bare, react and mia_g1 accuracies as horizontal reference lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))

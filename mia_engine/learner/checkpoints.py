@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..files import atomic_dir, write_file_atomic
+from ..base.files import atomic_dir, write_file_atomic
 from .config import LearnerConfig
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from ..structs import Frozen, require
+from ..base.structs import Frozen, require
 
 Aggregation = Literal["grpo", "dapo"]
 LearnerDtype = Literal["float32", "bfloat16", "float16"]
@@ -21,10 +21,10 @@ class LearnerConfig(Frozen):
 
     num_threads: int = 1
     """Torch intra-op threads of the serving process once the learner is loaded (0 = leave torch's
-    default). On a CPU box the learner shares cores with the vLLM worker: one thread kept chat p99 under
-    updates much steadier than two on 2 cores (bench/RESULTS.md). It applies to threads that start
-    torch work after the learner loads; the sentence encoder's thread, loaded and warmed before, keeps
-    the process default (the passage index builds at full speed)."""
+    default). One by default because on a CPU box the learner shares cores with the vLLM worker, and one
+    thread keeps chat latency under updates steadier and the step faster there. It applies to threads that start torch work after the learner loads; the sentence
+    encoder's thread, loaded and warmed before, keeps the process default (the passage index builds at
+    full speed)."""
     batch_size: int = 32
     """Questions (rollout groups of G) gathered per GRPO update of online test-time learning (paper: 32)."""
     max_queued_updates: int = 2

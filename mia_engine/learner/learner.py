@@ -23,7 +23,7 @@ import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..files import atomic_dir
+from ..base.files import atomic_dir
 from .batching import GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, micro_batches, prepare
 from .config import LearnerConfig
 from .grpo import chunked_token_logprobs, grpo_loss

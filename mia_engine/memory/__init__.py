@@ -1,7 +1,7 @@
 """Non-parametric memory of MIA: the experience store, its index and its retrieval score.
 
-Where things live (request path top-down):
-- ``route_bodies``: the bodies of the ``/v1/memory`` HTTP routes (the routes: ``server/memory_api.py``).
+Where things live (request path top-down; the ``/v1/memory`` routes and their bodies are in ``server/``):
+- ``handle``: ``MemoryHandle``, the server's memory while the store opens (503 until it is open).
 - ``service``: ``MemoryService``, the async API the research loop and the routes share.
 - ``store``: ``ExperienceStore``, the synchronous core (state, rules, durability glue).
 - ``consolidation``: replacement, rollout selection and clearing rules (pure functions).

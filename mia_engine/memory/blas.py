@@ -2,9 +2,8 @@
 
 The CPU score path streams a bucket's keys through OpenBLAS, whose threads keep spinning for a while
 after each product. In a serving process the engine already holds every core, so those spinning
-threads took time from the model: at 100k stored memories the research loop ran 0.90x of its
-empty-store throughput with OpenBLAS's default threads and 1.02x with one (bench/RESULTS.md,
-section 8). The cap applies per call and is restored after it, and only OpenBLAS is touched: torch's
+threads took time from the model: with a large store the research loop ran slower with OpenBLAS's
+default threads than with one. The cap applies per call and is restored after it, and only OpenBLAS is touched: torch's
 MKL/OpenMP pools (the engine, the encoder, the learner) keep their own settings.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from ..structs import Frozen, require
+from ..base.structs import Frozen, require
 
 ClearPolicy = Literal["none", "drop_unused", "cap"]
 FsyncPolicy = Literal["always", "never"]
@@ -58,15 +58,14 @@ class EmbedderConfig(Frozen):
     for the LLMs."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Encoder weights/activations. ``auto`` = float32, unless the CPU computes bf16 natively
-    (``avx512_bf16`` or ``amx_bf16``) and a measurement at start shows bfloat16 faster there (it is on
-    AMX CPUs; it was slower on an AVX-512-BF16 CPU without AMX, and emulated bf16 is half as fast:
-    bench/RESULTS.md). The choice and the measured rates are logged. Cosine to float32 ≥ 0.996.
-    Embeddings are returned as normalised float32 either way."""
+    (``avx512_bf16`` or ``amx_bf16``) and a timing of both at start shows bfloat16 faster there: which
+    is faster depends on the CPU, and emulated bf16 never is.
+    The choice and the measured rates are logged. Cosine to float32 ≥ 0.996. Embeddings are returned
+    as normalised float32 either way."""
     max_seq_tokens: int = 128
-    """Word pieces kept per text; longer texts are cut. 128 is all-MiniLM-L6-v2's training length
-    (its loader's default is 256); passages of the default corpus average 111 and retrieval of the dev
-    set's gold passages is unchanged (bench/RESULTS.md), at 1.3× the encoding speed. 0 = the model's own
-    limit."""
+    """Word pieces kept per text; longer texts are cut; 0 = the model's own limit. 128, all-MiniLM-L6-v2's
+    training length (its loader's default is 256), because passages of the default corpus average 111 and
+    retrieval of the dev set's gold passages is the same at 128 as at 256, and faster."""
     batch_size: int = 64
     """Texts per forward pass; concurrent requests are merged up to this many."""
     batch_wait_ms: float = 1.0
@@ -113,8 +112,8 @@ class MemoryConfig(Frozen):
     Meta Plan pairs below it are dropped from what the Planner and the Router are shown (the top-k is
     not refilled). The paper has none (-1 keeps everything): min-max makes the best entry of a bucket
     score 1 however unrelated it is, so a store of other questions always shows something. The
-    embedded 135M default sets a floor: its Planner copies the entities of whatever examples it is
-    shown into its plan, and the Executor searches for them (bench/RESULTS.md, section 5)."""
+    embedded 135M default sets a floor because its Planner copies the entities of whatever examples it
+    is shown into its plan."""
     embedder: EmbedderConfig = EmbedderConfig()
     """The sentence encoder."""
     durability: DurabilityConfig = DurabilityConfig()
@@ -145,8 +144,6 @@ class MemoryConfig(Frozen):
     to the Router."""
     max_num_meta_plans: int = 0
     """Meta Plan Memory capacity, oldest pairs cleared first after an update; 0 = unlimited."""
-    seed: int = 0
-    """Seed of the RNG that picks which failed rollout becomes the negative memory."""
     score_device: str = "cpu"
     """Where the per-bucket key matrices live and the score runs: "cpu", "cuda", or "auto" (CUDA
     when torch sees a GPU)."""
@@ -157,9 +154,8 @@ class MemoryConfig(Frozen):
     """``backend`` passed to ``kernels.memory_score.memory_topk``."""
     score_cpu_threads: int = 1
     """OpenBLAS threads the CPU score may use per call; 0 = the library's default (one per core).
-    One by default: in a serving process the engine holds the cores, and OpenBLAS's threads, which
-    spin after each product, slowed the whole research loop by 10 % at 100k memories on 2 cores
-    (bench/RESULTS.md, section 8). On an otherwise idle machine more threads shorten a search."""
+    One by default because in a serving process the engine holds the cores and OpenBLAS's threads,
+    which spin after each product, slow the whole research loop. On an otherwise idle machine more threads shorten a search."""
     max_import_bytes: int = 256 * 1024 * 1024
     """Largest JSONL body the HTTP import route accepts."""
     search_batch_size: int = 64

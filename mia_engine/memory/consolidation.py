@@ -40,14 +40,18 @@ def choose_rollouts(rollouts: Sequence[C], rng: random.Random) -> tuple[C | None
     """(positive, negative) of TTL step 6 (MIA algorithm 3): the shortest success (smallest ``length``, the
     first among equals) and one failure picked by ``rng``; either may be None.
 
-    The one implementation of the rule: the research loop picks with it before the Manager summarises
-    (``agent.rewards.select_memories``, with the agent's RNG), and ``MemoryService.consolidate_group``
-    with the memory's, which then only confirms the loop's pick (one success, one failure)."""
+    The research loop picks with it (``agent.rewards.select_memories``) before the Manager summarises
+    the two, and ``MemoryService.consolidate_group`` stores what it picked."""
     successes = [rollout for rollout in rollouts if rollout.is_correct]
     failures = [rollout for rollout in rollouts if not rollout.is_correct]
     positive = min(successes, key=lambda rollout: rollout.length) if successes else None
     negative = rng.choice(failures) if failures else None
     return positive, negative
+
+
+def should_store_meta_plan(positive: object | None, negative: object | None) -> bool:
+    """A (successful plan, failed plan) Meta Plan pair is stored only when the group has both outcomes."""
+    return positive is not None and negative is not None
 
 
 def entries_to_clear(

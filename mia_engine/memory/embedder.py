@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..cpu_features import cpu_flags, has_native_bf16
 from ..devices import bind_thread, resolve_device
 from .config import EmbedderConfig
 
@@ -56,13 +55,16 @@ def default_model_dir() -> Path:
     return model_dir
 
 
-def dtype_candidates(config: EmbedderConfig, flags: frozenset[str]) -> tuple[str, ...]:
-    """The dtypes to load: one where the config or the hardware decides, two where a measurement must."""
+def dtype_candidates(config: EmbedderConfig, flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The dtypes to load: one where the config or the hardware decides, two where a measurement must.
+    ``flags``: the CPU's (None: this machine's, read only for ``auto`` on a CPU device)."""
     if config.dtype != "auto":
         return (config.dtype,)
-    if config.device != "cpu" or not has_native_bf16(flags):
+    if config.device != "cpu":
         return ("float32",)
-    return ("float32", "bfloat16")
+    from ..engines.cpu import cpu_flags, has_native_bf16  # the CPU's own facts; not imported for a GPU encoder
+
+    return ("float32", "bfloat16") if has_native_bf16(cpu_flags() if flags is None else flags) else ("float32",)
 
 
 class EncoderBusy(RuntimeError):
@@ -142,7 +144,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer  # heavy; only when an encoder is built
 
         models = {}
-        for name in dtype_candidates(self._config, cpu_flags()):
+        for name in dtype_candidates(self._config):
             model = SentenceTransformer(str(self.model_dir), device=self._config.device, local_files_only=True,
                                         model_kwargs={"torch_dtype": getattr(torch, name)})
             if self._config.max_seq_tokens:

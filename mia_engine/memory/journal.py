@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..files import fsync_dir, write_file_atomic
+from ..base.files import fsync_dir, write_file_atomic
 from .config import DurabilityConfig
 from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair, RecordTooLarge
 

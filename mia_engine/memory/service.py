@@ -8,7 +8,6 @@ forward pass, a FAISS search or an fsync, and concurrent writes are serialised i
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -20,11 +19,11 @@ from typing import TypeVar
 import msgspec
 import numpy as np
 
-from ..coalesce import Coalescer
+from ..base.coalesce import Coalescer
 from ..devices import thread_binder
 from .buckets import ScoreFn
 from .config import MemoryConfig
-from .consolidation import choose_rollouts
+from .consolidation import should_store_meta_plan
 from .embedder import Embedder, TextEncoder
 from .entries import (
     AddResult,
@@ -87,7 +86,6 @@ class MemoryService:
         self._config = config
         self._executor = executor
         self._owns_encoder = owns_encoder
-        self._rng = random.Random(config.seed)
         self._is_closed = False
         self._searches = Coalescer(partial(self._run, store.search_many), max_batch=config.search_batch_size,
                                    name="the memory store's search worker")
@@ -170,24 +168,27 @@ class MemoryService:
     async def consolidate_group(
         self,
         question: str,
-        rollouts: Sequence[SummarisedRollout],
+        chosen: tuple[SummarisedRollout | None, SummarisedRollout | None],
         *,
         caption: str | None = None,
         category: str | None = None,
         modality: Modality | None = None,
     ) -> ConsolidationResult:
-        """TTL step 6: shortest success → positive, one random failure → negative, both → Meta Plan pair."""
-        bucket = self._bucket(modality, caption, category)
-        positive, negative = choose_rollouts(rollouts, self._rng)
+        """TTL step 6 for the (success, failure) the loop chose (``consolidation.choose_rollouts``; either may
+        be None): the success → a positive memory, the failure → a negative one, both → a Meta Plan pair."""
+        positive, negative = chosen
+        if (positive is not None and not positive.is_correct) or (negative is not None and negative.is_correct):
+            raise ValueError("consolidate_group takes (a successful rollout, a failed rollout), in that order")
         if positive is None and negative is None:
             return ConsolidationResult()
+        bucket = self._bucket(modality, caption, category)
         key_q, key_c = await self._embed(question, caption)
         entries = [
             None if rollout is None else _entry(_from_rollout(question, caption, rollout), bucket, key_q, key_c)
             for rollout in (positive, negative)
         ]
         pair = None
-        if positive is not None and negative is not None:
+        if should_store_meta_plan(positive, negative):
             pair = _meta_plan_pair(question, positive.plan, negative.plan, key_q)
         return await self._run(self._store.consolidate, entries[0], entries[1], pair)
 

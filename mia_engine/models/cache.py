@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..files import atomic_dir
+from ..base.files import atomic_dir
 
 log = logging.getLogger(__name__)
 

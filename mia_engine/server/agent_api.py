@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from ..agent.admission import QuestionRejected
 from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import AGENT_MODEL, ServerConfig
@@ -80,15 +81,10 @@ class AgentChat:
         parts = image_parts(request.messages)
         if not parts:
             return None
-        agent = self._agent()
-        roles = agent.config.roles
-        blind = [role for role in dict.fromkeys((roles.captioner, roles.executor))
-                 if not agent.client.supports_images(role)]
-        if blind:
-            raise BadRequest(f"Image questions need roles that take images; in this configuration "
-                             f"{', '.join(f'`{r}`' for r in blind)} run on a text-only engine (see "
-                             "agent.roles.captioner and the engines' models).", param=image_param(*parts[0][:2]),
-                             code="images_not_supported")
+        try:
+            self._agent().check_images()
+        except QuestionRejected as err:
+            raise _bad_request(err, image_param(*parts[0][:2])) from None
         images = await load_images(request.messages, self.config.images)
         stray = [item for item in images if item.message != index]
         if stray:
@@ -97,18 +93,12 @@ class AgentChat:
         return images[0].image
 
     async def check_fits(self, research: ResearchRequest) -> None:
-        """Question and ground truth must leave room in every role's context (they are quoted in its prompts,
-        beside memories and observations): at most a quarter of the smallest one, checked before any work
-        so an over-long question is a 400 up front, not a failure after the research ran."""
-        agent = self._agent()
-        roles = agent.config.roles
-        models = {roles.planner, roles.executor, roles.manager, roles.judge, roles.router}
-        budget = min(agent.client.max_model_len(m) for m in models) // 4
-        for param, text in (("messages", research.question), ("ground_truth", " ".join(research.ground_truth or []))):
-            num_tokens = len(await agent.client.render_chat(roles.planner, [{"role": "user", "content": text}]))
-            if num_tokens > budget:
-                raise BadRequest(f"The {param.replace('messages', 'question')} takes {num_tokens} tokens; this "
-                                 f"server's models allow {budget}.", param=param, code="context_length_exceeded")
+        """The agent's own refusal of a request it cannot research (``ResearchAgent.check``: a question or
+        gold answers too long for its roles' contexts), as a 400 before any work starts."""
+        try:
+            await self._agent().check(research)
+        except QuestionRejected as err:
+            raise _bad_request(err) from None
 
     async def complete(self, request: ChatCompletionRequest, research: ResearchRequest) -> bytes:
         start = time.perf_counter()
@@ -170,6 +160,12 @@ class AgentChat:
     def _record(self, status: str, start: float) -> None:
         self.metrics.requests.labels(AGENT_MODEL, status).inc()
         self.metrics.latency.labels(AGENT_MODEL).observe(time.perf_counter() - start)
+
+
+def _bad_request(err: QuestionRejected, image: str | None = None) -> BadRequest:
+    """The agent's refusal as a 400 naming the request's parameter (``image``: the image part's)."""
+    params = {"question": "messages", "ground_truth": "ground_truth", "image": image}
+    return BadRequest(str(err), param=params.get(err.field), code=err.code)
 
 
 def progress_line(stage: str, details: dict) -> str:

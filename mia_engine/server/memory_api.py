@@ -1,5 +1,6 @@
 """HTTP routes of the Memory Manager under ``/v1/memory``, over a ``MemoryService`` (or the server's
-``MemoryHandle``, which answers 503 until the store is open).
+``MemoryHandle``, asked for the service on each request: 503 until the store is open). The request and
+response bodies are in ``memory_bodies.py``.
 
 Reads (search, get, stats) need the API key; writes, imports, exports and deletes need the admin
 key. Every route takes a ``/v1/memory`` admission slot. Each handler turns the store's own errors
@@ -22,12 +23,12 @@ from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemorySt
                               MemoryUnavailable, RecordTooLarge)
 from ..memory.handle import MemoryHandle
 from ..memory.jsonl import encode_jsonl
-from ..memory.route_bodies import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest,
-                                   SearchResponse, memory_view, search_response)
 from ..memory.service import MemoryService
 from .admission import Admission
 from .body import read_body, read_json
 from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests, Unavailable
+from .memory_bodies import (AddRequest, DeleteResponse, ImportResponse, MemoryView, SearchRequest, SearchResponse,
+                            memory_view, search_response)
 from .openapi import ApiRoute
 from .responses import json_response
 
@@ -37,11 +38,11 @@ _ADD = msgspec.json.Decoder(AddRequest)
 _SEARCH = msgspec.json.Decoder(SearchRequest)
 
 
-def memory_routes(service: MemoryService | MemoryHandle, config: ServerConfig | None = None,
+def memory_routes(memory: MemoryService | MemoryHandle, config: ServerConfig | None = None,
                   admission: Admission | None = None) -> list[BaseRoute]:
     """The ``/v1/memory`` routes; fixed paths come before ``/{memory_id}`` so they are never read as ids."""
     config = config or ServerConfig()
-    handlers = _MemoryHandlers(service, config)
+    handlers = _MemoryHandlers(memory, config)
     api = _Guard(admission or Admission(config.admission), config.admission)
     return [
         ApiRoute("/v1/memory/add", api(handlers.add), method="POST", summary="Store a workflow memory",
@@ -62,16 +63,20 @@ def memory_routes(service: MemoryService | MemoryHandle, config: ServerConfig | 
 
 
 class _MemoryHandlers:
-    def __init__(self, service: MemoryService | MemoryHandle, config: ServerConfig) -> None:
-        self._service = service
+    def __init__(self, memory: MemoryService | MemoryHandle, config: ServerConfig) -> None:
+        self._memory = memory
         self._max_body_bytes = config.max_body_bytes
 
+    def _service(self) -> MemoryService:
+        """The open service (a handle raises ``MemoryUnavailable`` until it is open: the guard's 503)."""
+        return self._memory.service if isinstance(self._memory, MemoryHandle) else self._memory
+
     async def add(self, request: Request) -> Response:
-        return json_response(await self._service.add(await read_json(request, self._max_body_bytes, _ADD)))
+        return json_response(await self._service().add(await read_json(request, self._max_body_bytes, _ADD)))
 
     async def search(self, request: Request) -> Response:
         body: SearchRequest = await read_json(request, self._max_body_bytes, _SEARCH)
-        result = await self._service.search(
+        result = await self._service().search(
             body.question,
             caption=body.caption,
             category=body.category,
@@ -82,23 +87,23 @@ class _MemoryHandlers:
         return json_response(search_response(result))
 
     async def get(self, request: Request) -> Response:
-        return json_response(memory_view(await self._service.get(request.path_params["memory_id"])))
+        return json_response(memory_view(await self._service().get(request.path_params["memory_id"])))
 
     async def delete(self, request: Request) -> Response:
         memory_id = request.path_params["memory_id"]
-        await self._service.delete(memory_id)
+        await self._service().delete(memory_id)
         return json_response(DeleteResponse(memory_id))
 
     async def export(self, request: Request) -> Response:
-        records = await self._service.export_records()  # a consistent cut, encoded while streaming
+        records = await self._service().export_records()  # a consistent cut, encoded while streaming
         return StreamingResponse(encode_jsonl(records), media_type="application/x-ndjson")
 
     async def import_(self, request: Request) -> Response:
-        body = await read_body(request, self._service.config.max_import_bytes)
-        return json_response(ImportResponse(await self._service.import_jsonl(body)))
+        body = await read_body(request, self._service().config.max_import_bytes)
+        return json_response(ImportResponse(await self._service().import_jsonl(body)))
 
     async def stats(self, request: Request) -> Response:
-        return json_response(await self._service.stats())
+        return json_response(await self._service().stats())
 
 
 class _Guard:

@@ -65,24 +65,6 @@ class Metrics:
         self.role_cached_tokens.labels(role).inc(cached_tokens)
         self.role_completion_tokens.labels(role).inc(completion_tokens)
 
-    def breakdown(self) -> dict[str, dict[str, float]]:
-        """What the benchmarks report from the same series ``/metrics`` shows: per role the prefix-cache
-        hit rate (cached / prompt tokens) and its prompt and generated tokens, per research stage its total
-        seconds and count."""
-        totals: dict[str, dict[str, float]] = {"prompt": {}, "cached": {}, "completion": {}, "stage_seconds": {},
-                                               "stage_count": {}}
-        names = {"mia_role_prompt_tokens_total": "prompt", "mia_role_prefix_cached_tokens_total": "cached",
-                 "mia_role_completion_tokens_total": "completion", "mia_research_stage_seconds_sum": "stage_seconds",
-                 "mia_research_stage_seconds_count": "stage_count"}
-        for family in self.registry.collect():
-            for sample in family.samples:
-                key = names.get(sample.name)
-                if key is not None:
-                    totals[key][sample.labels.get("role") or sample.labels.get("stage", "")] = sample.value
-        hit_rate = {role: totals["cached"].get(role, 0.0) / n for role, n in totals["prompt"].items() if n}
-        return {"prefix_hit_rate": hit_rate, "prompt_tokens": totals["prompt"], "completion_tokens": totals["completion"],
-                "stage_seconds": totals["stage_seconds"], "stage_count": totals["stage_count"]}
-
     def record_update(self, report: Any) -> None:
         """A ``learner.ttl.UpdateReport``."""
         self.learner_updates.labels("published" if report.is_published else "rejected").inc()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..memory.config import EmbedderConfig
-from ..structs import Frozen, require
+from ..base.structs import Frozen, require
 
 SearchBackend = Literal["local", "web"]
 

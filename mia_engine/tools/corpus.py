@@ -22,8 +22,8 @@ import msgspec
 import numpy as np
 
 from ..config import MIAConfig
-from ..data import read_rows
-from ..files import atomic_dir
+from ..base.data import read_rows
+from ..base.files import atomic_dir
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from ..files import atomic_dir
+from ..base.files import atomic_dir
 from .image import IMAGE_SUFFIXES, ImageHit
 
 log = logging.getLogger(__name__)

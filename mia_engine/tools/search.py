@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..coalesce import Coalescer
+from ..base.coalesce import Coalescer
 from .calls import truncate_words
 from .config import ToolsConfig
 from .corpus import BuildProgress, Passage, build_index, load_corpus, load_index

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
-from mia_engine.agent.config import AgentConfig
+from mia_engine.agent.config import PROFILES, AgentConfig, StageSampling
+from mia_engine.config import ConfigError, load_config, read_toml
 from mia_engine.tools.config import ToolsConfig
 
 
@@ -19,8 +22,9 @@ def test_defaults():
     assert (r.unsupervised_verdict, r.unsupervised_format) == (0.9, 0.1)
     w = config.review_weights
     assert (w.logic, w.sourcing, w.validity) == (0.5, 0.3, 0.2)
-    assert config.reviewer.temperature == 0.1 and config.grader.temperature == 0.0
-    assert config.executor.presence_penalty == 1.1
+    sampling = config.sampling
+    assert sampling.reviewer.temperature == 0.1 and sampling.grader.temperature == 0.0
+    assert sampling.executor.presence_penalty == 1.1
     tools = ToolsConfig()
     assert (tools.corpus, tools.search_top_k, tools.web_top_k, tools.image_top_k) == ("wiki-offline", 3, 5, 3)
     assert tools.serper_url == "" and not tools.is_web_enabled
@@ -37,3 +41,57 @@ def test_from_toml_like_dict_and_errors():
         msgspec.convert({"batch_wait_ms": -1}, ToolsConfig)
     web = msgspec.convert({"serper_api_key": "k", "serper_url": "http://search.invalid"}, ToolsConfig)
     assert web.is_web_enabled
+
+
+# ---- profiles and the per-stage sampling table -----------------------------------------------------
+
+SMALL_MODEL = {"plan_form": "searches", "replay_min_similarity": 0.95, "max_replans": 0, "first_query": "question",
+               "min_tool_calls": 1, "answer_from": "evidence", "workflow_summary": "extractive",
+               "supervised_judge": "match", "first_image_search": False, "force_final_answer": True,
+               "max_plan_searches": 2}
+"""The departures the embedded default ran before it named them a profile (its [agent] table then)."""
+PAPER = {"plan_form": "text", "replay_min_similarity": None, "max_replans": 1, "first_query": "model",
+         "min_tool_calls": 0, "answer_from": "trajectory", "workflow_summary": "manager", "supervised_judge": "llm",
+         "first_image_search": False, "force_final_answer": True, "max_plan_searches": 2}
+
+
+def _departures(config: AgentConfig) -> dict[str, object]:
+    return {field: getattr(config, field) for field in SMALL_MODEL}
+
+
+def test_the_default_config_selects_exactly_the_departures_it_had() -> None:
+    """The profile cannot drift: the embedded default still runs the same loop, and 8xgpu.toml the paper's."""
+    assert dict(PROFILES["small_model"]).items() <= SMALL_MODEL.items() and not PROFILES["paper"]
+    assert _departures(load_config("default").agent) == SMALL_MODEL
+    assert _departures(AgentConfig.for_profile("small_model")) == SMALL_MODEL
+    assert _departures(load_config("8xgpu").agent) == _departures(AgentConfig()) == PAPER
+    assert read_toml("default")["agent"]["profile"] == "small_model"
+
+
+def test_a_field_the_table_sets_wins_over_its_profile() -> None:
+    config = load_config("default", {"agent.max_replans": 1, "agent.plan_form": "text"}).agent
+    assert (config.max_replans, config.plan_form, config.answer_from) == (1, "text", "evidence")
+    assert _departures(load_config("default", {"agent.profile": "paper"}).agent) == PAPER
+    with pytest.raises(ConfigError, match=r"^agent.profile: unknown profile 'tiny'"):
+        load_config("default", {"agent.profile": "tiny"})
+
+
+@pytest.mark.parametrize("stage", sorted(StageSampling.__struct_fields__))
+def test_an_old_sampling_key_is_one_line_naming_its_new_place(stage: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", {f"agent.{stage}.max_tokens": 5})
+    assert str(info.value) == f"agent.{stage}: per-stage sampling moved to agent.sampling.{stage}"
+    old_file = tmp_path / "old.toml"
+    old_file.write_text(f'[engines.e]\nmodel = "m"\n[roles.r]\nengine = "e"\n[agent]\n{stage} = {{ max_tokens = 5 }}\n')
+    with pytest.raises(ConfigError, match=f"agent.sampling.{stage}$"):
+        load_config(str(old_file))
+    sampling = load_config("tiny", {f"agent.sampling.{stage}.max_tokens": 5}).agent.sampling
+    assert getattr(sampling, stage).max_tokens == 5
+
+
+def test_each_stage_keeps_its_sampling_defaults() -> None:
+    s = StageSampling()
+    assert [(getattr(s, stage).temperature, getattr(s, stage).max_tokens, getattr(s, stage).presence_penalty)
+            for stage in StageSampling.__struct_fields__] == [
+        (0.0, 4096, 0.0), (0.0, 48, 0.0), (0.0, 2048, 1.1), (0.0, 1024, 0.0), (0.0, 512, 0.0), (0.1, 512, 0.0),
+        (0.0, 512, 0.0), (0.0, 1024, 0.0), (0.0, 160, 0.0)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mia_engine.data import Question, flatten_answers, load_dataset
+from mia_engine.base.data import Question, flatten_answers, load_dataset
 
 DEVSET = Path(__file__).parents[2] / "bench" / "devset_wiki.jsonl"
 
@@ -91,7 +91,7 @@ def test_question_images_decode_from_files_and_bytes_and_refuse_urls(tmp_path):
     import pytest
     from PIL import Image
 
-    from mia_engine.data import Question, question_image
+    from mia_engine.base.data import Question, question_image
 
     Image.new("L", (30, 20), 128).save(tmp_path / "q.png")
     buffer = io.BytesIO()

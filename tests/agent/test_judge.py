@@ -9,6 +9,8 @@ import pytest
 
 from mia_engine.agent.config import AgentConfig
 from mia_engine.agent.judge import (
+    LLMGrader,
+    StringMatch,
     build_area_chair,
     build_grader,
     build_review,
@@ -103,9 +105,9 @@ async def test_complete_fits_max_tokens_and_returns_n_texts():
 
 async def test_judge_supervised_and_empty_answer():
     client = FakeClient({"Grade the predicted answer": "A"})
-    verdict = await judge_supervised(client, CONFIG, "Q?", ["Lima"], "Lima")
+    verdict = await judge_supervised(client, LLMGrader(CONFIG), "Q?", ["Lima"], "Lima")
     assert verdict.is_correct and client.calls[0][0] == CONFIG.roles.judge
-    empty = await judge_supervised(client, CONFIG, "Q?", ["Lima"], "  ")
+    empty = await judge_supervised(client, LLMGrader(CONFIG), "Q?", ["Lima"], "  ")
     assert empty.label == "C" and not empty.is_correct and len(client.calls) == 1  # no LLM call
 
 
@@ -131,14 +133,9 @@ def test_normalize_and_match():
 
 
 async def test_match_judge_grades_by_the_gold_answers_without_an_llm():
-    import msgspec
-
-    from mia_engine.agent.judge import judge_supervised
-
     client = FakeClient({"": "A"})  # an LLM grader that would say "correct" to anything
-    config = msgspec.structs.replace(CONFIG, supervised_judge="match")
-    right = await judge_supervised(client, config, "Q?", ["Victor Hugo"], "It was victor hugo.")
-    wrong = await judge_supervised(client, config, "Q?", ["Victor Hugo"], "Alexandre Dumas")
+    right = await judge_supervised(client, StringMatch(), "Q?", ["Victor Hugo"], "It was victor hugo.")
+    wrong = await judge_supervised(client, StringMatch(), "Q?", ["Victor Hugo"], "Alexandre Dumas")
     assert (right.is_correct, right.label, wrong.is_correct, wrong.label) == (True, "A", False, "B")
     assert client.calls == []  # no grader call
-    assert (await judge_supervised(client, CONFIG, "Q?", ["Victor Hugo"], "Alexandre Dumas")).is_correct  # the LLM's say
+    assert (await judge_supervised(client, LLMGrader(CONFIG), "Q?", ["Victor Hugo"], "Alexandre Dumas")).is_correct

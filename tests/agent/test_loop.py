@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from mia_engine.agent.config import AgentConfig
+from mia_engine.agent.config import AgentConfig, RoleSampling, StageSampling
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
 from mia_engine.agent.plan_searches import plan_searches_regex
-from mia_engine.agent.rollout import _continue_with, _Run
+from mia_engine.agent.executor_run import ExecutorRun, continue_with
 from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHit, SearchResult
@@ -109,9 +109,12 @@ class FakeMemory:
         self.outcomes.append((list(ids), success))
         return 0
 
-    async def consolidate_group(self, question: str, rollouts, *, caption: str | None = None) -> ConsolidationResult:
+    async def consolidate_group(self, question: str, chosen, *, caption: str | None = None) -> ConsolidationResult:
+        """Records what would be stored: the (success, failure) pair the loop chose, either may be None."""
+        positive, negative = chosen
+        assert (positive is None or positive.is_correct) and (negative is None or not negative.is_correct)
         self.captions.append(("consolidate", caption))
-        self.consolidated.append(list(rollouts))
+        self.consolidated.append([r for r in chosen if r is not None])
         return ConsolidationResult()
 
 
@@ -332,13 +335,13 @@ async def test_a_replan_gets_its_own_turn_budget_and_can_search() -> None:
 
 def test_the_continued_turn_keeps_its_reasoning_without_its_answer() -> None:
     turn = parse_executor_turn(ANSWER)
-    run = _Run([{"role": "user", "content": "question"}, {"role": "assistant", "content": turn.text}], "q", [turn])
-    _continue_with(run, "2. search again")
+    run = ExecutorRun([{"role": "user", "content": "question"}, {"role": "assistant", "content": turn.text}], "q", [turn])
+    continue_with(run, "2. search again")
     assert run.messages[1] == {"role": "assistant", "content": "<think>found</think>"}  # reasoning kept, answer gone
     assert run.messages[2]["role"] == "user" and "2. search again" in run.messages[2]["content"]
     bare = parse_executor_turn("<answer>Seine</answer>")
-    run = _Run([{"role": "user", "content": "question"}, {"role": "assistant", "content": bare.text}], "q", [bare])
-    _continue_with(run, "2. search again")
+    run = ExecutorRun([{"role": "user", "content": "question"}, {"role": "assistant", "content": bare.text}], "q", [bare])
+    continue_with(run, "2. search again")
     assert [m["role"] for m in run.messages] == ["user", "user"]  # nothing left of that turn: dropped
 
 
@@ -391,7 +394,7 @@ async def test_a_structured_turn_always_has_the_tokens_its_regex_allows() -> Non
     question = 'Who wrote the 1862 novel "Les Misérables"? ' * 4
     agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=2, max_replans=0,
                                   first_query="question",
-                                  executor=AgentConfig().executor.__class__(temperature=0.0, max_tokens=16))
+                                  sampling=StageSampling(executor=RoleSampling(temperature=0.0, max_tokens=16)))
     client.max_tokens_for = lambda model, prompt_len, requested: 100_000  # a context with room to spare
     await agent.research(ResearchRequest(question))
     budgets = [o.max_tokens for m, o in client.options if m == "executor"]

@@ -15,12 +15,12 @@ from mia_engine.agent.rewards import (
     group_advantages,
     rollout_reward,
     select_memories,
-    should_store_meta_plan,
     supervised_reward,
     unsupervised_reward,
 )
 from mia_engine.agent.turns import ExecutorTurn
 from mia_engine.agent.verdicts import Verdict
+from mia_engine.memory.consolidation import should_store_meta_plan
 
 W = RewardWeights()
 PLAN = "<think>how to search</think>1. Search the title."

@@ -51,21 +51,3 @@ async def test_the_loop_reports_each_stage_and_step_to_the_observer() -> None:
     assert seen.count("execute_turn") == len(trajectory.turns) >= 2
     assert seen.count("tool_call") == trajectory.num_tool_calls >= 1
     assert set(result.timings) <= set(STAGES)
-
-
-def test_the_metrics_breakdown_adds_up_what_was_recorded() -> None:
-    """The benchmarks read their breakdown from the series ``/metrics`` serves: hit rate = cached / prompt."""
-    from mia_engine.server.metrics import Metrics
-
-    metrics = Metrics()
-    metrics.record_usage("planner", 100, 25, 10, 0)
-    metrics.record_usage("planner", 300, 175, 10, 0)
-    metrics.record_usage("executor", 50, 0, 5, 1)
-    for seconds in (0.5, 1.5):
-        metrics.stage_started("plan")
-        metrics.stage_finished("plan", seconds)
-    breakdown = metrics.breakdown()
-    assert breakdown["prefix_hit_rate"] == {"planner": 200 / 400, "executor": 0.0}
-    assert breakdown["prompt_tokens"] == {"planner": 400, "executor": 50}
-    assert breakdown["completion_tokens"] == {"planner": 20, "executor": 5}
-    assert breakdown["stage_seconds"]["plan"] == pytest.approx(2.0) and breakdown["stage_count"]["plan"] == 2

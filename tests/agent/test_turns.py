@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mia_engine.agent.turns import answer_or_text, executor_turn_regex, parse_executor_turn
+from mia_engine.agent.turns import executor_turn_regex, parse_executor_turn
 from mia_engine.tools.calls import ToolCall
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["capital of Peru"]}}\n</tool_call>'
@@ -90,11 +90,6 @@ def test_not_well_formed_without_think_or_with_two_actions_or_unbalanced_tags():
     assert not parse_executor_turn(f"<think>t</think><answer>Lima</answer>{CALL}").is_well_formed
     assert not parse_executor_turn("<think>a</think><think>b</think><answer>x</answer>").is_well_formed
     assert not parse_executor_turn("<think>a</think></think><answer>x</answer>").is_well_formed
-
-
-def test_answer_or_text_falls_back_to_the_visible_text():
-    assert answer_or_text(parse_executor_turn("<think>t</think>It is Lima.")) == "It is Lima."
-    assert answer_or_text(parse_executor_turn("<think>t</think><answer>Lima</answer>")) == "Lima"
 
 
 # ---- structured-output regex ---------------------------------------------------------------

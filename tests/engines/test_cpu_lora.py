@@ -8,10 +8,11 @@ import pytest
 import torch
 from vllm.lora.ops import torch_ops
 
-from mia_engine.engines import cpu_lora
+from mia_engine.engines.cpu import lora_ops
+from mia_engine.engines.cpu.options import LORA_OPS_KEY
 
 SLOTS, RANK, HIDDEN, OUT = 4, 8, 64, 96
-SHRINK_GATHER_TOKENS = cpu_lora.GATHER_MAX_ELEMENTS // (RANK * HIDDEN)
+SHRINK_GATHER_TOKENS = lora_ops.GATHER_MAX_ELEMENTS // (RANK * HIDDEN)
 """The most tokens a shrink here still gathers (an expand, OUT × RANK per token, switches sooner)."""
 
 
@@ -34,7 +35,7 @@ def test_shrink_and_expand_match_vllm(num_tokens: int, with_base: bool) -> None:
     x = torch.randn(num_tokens, HIDDEN)
     a = _weights((SLOTS, 1, RANK, HIDDEN), 1)
     ours, ref = torch.zeros(num_tokens, RANK), torch.zeros(num_tokens, RANK)
-    cpu_lora.bgmv_shrink(x, a, ours, idx, 0.5)
+    lora_ops.bgmv_shrink(x, a, ours, idx, 0.5)
     torch_ops.bgmv_shrink(x, a, ref, idx, 0.5)
     torch.testing.assert_close(ours, ref)
     assert ours.abs().sum() > 0
@@ -43,11 +44,11 @@ def test_shrink_and_expand_match_vllm(num_tokens: int, with_base: bool) -> None:
     base = torch.randn(num_tokens, OUT + 8)
     for add in (True, False):
         ours, ref = base.clone(), base.clone()
-        cpu_lora.bgmv_expand(x[:, :RANK], b, ours, idx, add)
+        lora_ops.bgmv_expand(x[:, :RANK], b, ours, idx, add)
         torch_ops.bgmv_expand(x[:, :RANK], b, ref, idx, add)
         torch.testing.assert_close(ours, ref)
         ours, ref = base.clone(), base.clone()
-        cpu_lora.bgmv_expand_slice(x[:, :RANK], b, ours, idx, 4, OUT, add)
+        lora_ops.bgmv_expand_slice(x[:, :RANK], b, ours, idx, 4, OUT, add)
         torch_ops.bgmv_expand_slice(x[:, :RANK], b, ref, idx, 4, OUT, add)
         torch.testing.assert_close(ours, ref)
 
@@ -56,7 +57,7 @@ def test_a_batch_on_one_adapter_matches_vllm() -> None:
     idx = torch.full((300,), 2)
     x, a = torch.randn(300, HIDDEN), _weights((SLOTS, 1, RANK, HIDDEN), 5)
     ours, ref = torch.zeros(300, RANK), torch.zeros(300, RANK)
-    cpu_lora.bgmv_shrink(x, a, ours, idx, 1.0)
+    lora_ops.bgmv_shrink(x, a, ours, idx, 1.0)
     torch_ops.bgmv_shrink(x, a, ref, idx, 1.0)
     torch.testing.assert_close(ours, ref)
 
@@ -71,15 +72,15 @@ def test_sequence_variants_match_vllm() -> None:
     a = _weights((SLOTS, 1, RANK, HIDDEN), 3)
     b = _weights((SLOTS, 1, OUT, RANK), 4)
     ours, ref = torch.zeros(n, RANK), torch.zeros(n, RANK)
-    cpu_lora.sgmv_shrink(x, a, ours, *meta, 2.0)
+    lora_ops.sgmv_shrink(x, a, ours, *meta, 2.0)
     torch_ops.sgmv_shrink(x, a, ref, *meta, 2.0)
     torch.testing.assert_close(ours, ref)
     ours, ref = torch.ones(n, OUT), torch.ones(n, OUT)
-    cpu_lora.sgmv_expand(x[:, :RANK], b, ours, *meta, True)
+    lora_ops.sgmv_expand(x[:, :RANK], b, ours, *meta, True)
     torch_ops.sgmv_expand(x[:, :RANK], b, ref, *meta, True)
     torch.testing.assert_close(ours, ref)
     ours, ref = torch.ones(n, OUT + 10), torch.ones(n, OUT + 10)
-    cpu_lora.sgmv_expand_slice(x[:, :RANK], b, ours, *meta, 10, OUT, True)
+    lora_ops.sgmv_expand_slice(x[:, :RANK], b, ours, *meta, 10, OUT, True)
     torch_ops.sgmv_expand_slice(x[:, :RANK], b, ref, *meta, 10, OUT, True)
     torch.testing.assert_close(ours, ref)
 
@@ -92,7 +93,7 @@ def test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded(num_token
     x = torch.randn(num_tokens, HIDDEN)
     a = torch.randn(SLOTS, 1, RANK, HIDDEN)  # every slot loaded
     out = torch.zeros(num_tokens, RANK)
-    cpu_lora.bgmv_shrink(x, a, out, idx, 1.0)
+    lora_ops.bgmv_shrink(x, a, out, idx, 1.0)
     is_base = idx < 0
     assert torch.all(out[is_base] == 0)
     torch.testing.assert_close(out[~is_base], x[~is_base] @ a[0, 0].T)
@@ -113,7 +114,7 @@ def test_the_grouped_wrapper_is_vllms_code_on_our_ops() -> None:
     on our ops, gives it nothing; vLLM's own module is left as it was."""
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+    from mia_engine.engines.cpu.punica import GroupedPunicaWrapperCPU
 
     indices = torch.tensor([0, -1, 0, -1, 1])
     x = torch.randn(len(indices), HIDDEN, generator=torch.Generator().manual_seed(3))
@@ -147,7 +148,7 @@ def test_a_layer_with_every_slice_at_once_matches_vllms_wrapper(num_tokens: int,
     adapter, tokens grouped once per step) against vLLM's wrapper on vLLM's ops, bf16 as served."""
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+    from mia_engine.engines.cpu.punica import GroupedPunicaWrapperCPU
 
     choices = {"mixed": [0, 11, 12, 13], "one adapter": [12], "none": [0]}[mix]
     g = torch.Generator().manual_seed(num_tokens)
@@ -173,7 +174,7 @@ def test_a_slot_loaded_again_is_used_at_the_next_step() -> None:
     from vllm.lora.layers import LoRAMapping
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+    from mia_engine.engines.cpu.punica import GroupedPunicaWrapperCPU
 
     slices = (8 * OUT, 4 * OUT, 4 * OUT)  # wide enough for a bf16 expand at 1600 tokens
     a = tuple(_weights((SLOTS, 1, RANK, HIDDEN), 40 + i).to(torch.bfloat16) for i in range(3))
@@ -204,7 +205,7 @@ def test_embedding_and_logits_lora_are_skipped_only_while_no_slot_has_weights(mo
     from vllm.lora.layers import LoRAMapping
     from vllm.lora.punica_wrapper import punica_cpu
 
-    from mia_engine.engines.cpu_punica import GroupedPunicaWrapperCPU
+    from mia_engine.engines.cpu.punica import GroupedPunicaWrapperCPU
 
     vocab, num_tokens = 300, 6
     ids = [11, 12, 0, 11, 13, 12]
@@ -256,7 +257,7 @@ def test_embedding_and_logits_lora_are_skipped_only_while_no_slot_has_weights(mo
 
 def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
     """A vLLM whose CPU wrapper renamed an op: grouped ops asked for fail the engine's start, by name."""
-    from mia_engine.engines.cpu_punica import with_ops
+    from mia_engine.engines.cpu.punica import with_ops
 
     class Renamed:  # never called; what counts is which global names its methods load
         def shrink(self, x: torch.Tensor) -> None:
@@ -266,7 +267,7 @@ def test_a_wrapper_that_no_longer_calls_the_ops_is_refused() -> None:
             torch_ops.bgmv_expand(x)  # an attribute of the module, not the global name: not ours to replace
 
     with pytest.raises(RuntimeError, match="cpu_lora_ops") as refused:
-        with_ops(Renamed, cpu_lora.OPS, "Grouped")
+        with_ops(Renamed, lora_ops.OPS, "Grouped")
     assert "'bgmv_shrink'" in str(refused.value) and "'bgmv_expand'" in str(refused.value)
 
 
@@ -276,9 +277,9 @@ def test_each_engine_config_picks_its_wrapper(monkeypatch: pytest.MonkeyPatch, c
                                               wrapper: str) -> None:
     import vllm.config
 
-    from mia_engine.engines.cpu_platform import MIACpuPlatform
+    from mia_engine.engines.cpu.platform import MIACpuPlatform
 
-    extra = {} if choice is None else {cpu_lora.CONFIG_KEY: choice}
+    extra = {} if choice is None else {LORA_OPS_KEY: choice}
     monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda: SimpleNamespace(additional_config=extra))
     assert MIACpuPlatform.get_punica_wrapper().rsplit(".", 1)[1] == wrapper
 
@@ -286,9 +287,11 @@ def test_each_engine_config_picks_its_wrapper(monkeypatch: pytest.MonkeyPatch, c
 def test_the_platform_plugin_is_active_on_a_cpu_build_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.platforms
 
-    assert cpu_lora.platform_plugin() == "mia_engine.engines.cpu_platform.MIACpuPlatform"
+    from mia_engine.engines.platforms import platform_plugin
+
+    assert platform_plugin() == "mia_engine.engines.cpu.platform.MIACpuPlatform"
     monkeypatch.setattr(vllm.platforms, "cpu_platform_plugin", lambda: None)  # a GPU build
-    assert cpu_lora.platform_plugin() is None
+    assert platform_plugin() is None
 
 
 def test_the_served_engine_runs_the_grouped_wrapper(tiny_server) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mia_engine.engines.cpu_placement import keep_off_model_cores, plan_moves, process_tree
+from mia_engine.engines.cpu.placement import keep_off_model_cores, plan_moves, process_tree
 
 ALL = frozenset({0, 1, 2, 3})
 
@@ -35,7 +35,7 @@ def test_nothing_moves_when_nothing_is_pinned_or_nothing_is_left(affinities: dic
 
 SCENARIO = """
 import json, os, subprocess, sys
-from mia_engine.engines.cpu_placement import keep_off_model_cores, process_tree
+from mia_engine.engines.cpu.placement import keep_off_model_cores, process_tree
 own = frozenset(os.sched_getaffinity(0))
 core = min(own)
 pinned = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "

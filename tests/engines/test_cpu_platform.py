@@ -1,23 +1,26 @@
 """The CPU platform's engine-process choices, checked on this CPU with the platform's real code: the dtype
-``auto`` resolves to and whether the engine schedules ahead (through vLLM's own resolution), and the
-allocator the engine processes preload."""
+our engines ask for and what ``auto`` means to any other vLLM config, whether the engine schedules ahead
+(through vLLM's own resolution), and the allocator the engine processes preload."""
 
 from __future__ import annotations
 
 import ctypes.util
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.platforms.cpu import CpuPlatform
 
 from mia_engine.config import EngineConfig
-from mia_engine.engines import cpu_platform
-from mia_engine.engines.cpu_platform import MIACpuPlatform
-from mia_engine.engines.startup import ASYNC_SCHEDULING_KEY, MALLOC_KEY, preload_tcmalloc
+from mia_engine.engines.cpu import features
+from mia_engine.engines.cpu.malloc import preload_tcmalloc
+from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, MALLOC_KEY, engine_dtype
+from mia_engine.engines.cpu.platform import MIACpuPlatform
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.models.tiny import build_tiny
 
@@ -31,26 +34,48 @@ def tiny_dir(tmp_path: Path) -> Path:
     return tmp_path / "tiny" / "base"  # a bfloat16 model (its config.json says so)
 
 
+def _on_x86_with(monkeypatch: pytest.MonkeyPatch, flags: frozenset[str]) -> None:
+    """This CPU as an x86 one with ``flags``, wherever the CPU package reads them."""
+    monkeypatch.setattr(features.platform, "machine", lambda: "x86_64")
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mia_engine.engines.cpu") and hasattr(module, "cpu_flags"):
+            monkeypatch.setattr(module, "cpu_flags", lambda *args: flags)
+
+
 @pytest.mark.parametrize(("flags", "resolved"), [(AVX2, torch.float32), (AVX512_BF16, torch.bfloat16)])
-def test_auto_dtype_is_float32_where_bf16_would_be_emulated(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path,
-                                                            flags: frozenset[str], resolved: torch.dtype) -> None:
-    """vLLM's own ``auto`` resolution, on the platform this package gives it, for a bf16 model."""
+def test_our_engine_runs_auto_in_float32_where_bf16_would_be_emulated(monkeypatch: pytest.MonkeyPatch,
+                                                                        tiny_dir: Path, flags: frozenset[str],
+                                                                        resolved: torch.dtype) -> None:
+    """A bf16 model with ``dtype = "auto"``, resolved by vLLM from the engine args our engine builds."""
     import vllm.platforms
 
     assert isinstance(vllm.platforms.current_platform, MIACpuPlatform)
-    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: flags)
+    _on_x86_with(monkeypatch, flags)
     engine = VLLMEngine("e", EngineConfig(model=str(tiny_dir), dtype="auto"), tiny_dir)
     assert engine._engine_args().create_model_config().dtype == resolved
     configured = VLLMEngine("e", EngineConfig(model=str(tiny_dir), dtype="bfloat16"), tiny_dir)
     assert configured._engine_args().create_model_config().dtype == torch.bfloat16  # a configured dtype wins
 
 
-def test_the_platform_keeps_vllms_dtypes_on_a_native_bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    platform = MIACpuPlatform()
-    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: AVX512_BF16)
-    assert platform.supported_dtypes == CpuPlatform().supported_dtypes
-    monkeypatch.setattr(cpu_platform, "cpu_flags", lambda: AVX2)
-    assert platform.supported_dtypes == [torch.float32]
+def test_a_vllm_config_without_our_keys_keeps_vllms_dtype(monkeypatch: pytest.MonkeyPatch, tiny_dir: Path) -> None:
+    """The platform plugin is installed for every vLLM program in this environment; one that builds its
+    config without our keys gets vLLM's own ``auto`` (bf16 on any x86 CPU), even where ours asks for float32."""
+    import vllm.platforms
+
+    assert isinstance(vllm.platforms.current_platform, MIACpuPlatform)
+    _on_x86_with(monkeypatch, AVX2)
+    assert MIACpuPlatform().supported_dtypes == CpuPlatform().supported_dtypes
+    plain = AsyncEngineArgs(model=str(tiny_dir), dtype="auto")
+    assert plain.create_model_config().dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("machine", "flags", "asked"), [("x86_64", AVX2, "float32"), ("x86_64", AVX512_BF16, "auto"),
+                                                          ("aarch64", AVX2, "auto")])
+def test_auto_asks_for_float32_only_on_an_x86_cpu_without_native_bf16(monkeypatch: pytest.MonkeyPatch, machine: str,
+                                                                       flags: frozenset[str], asked: str) -> None:
+    monkeypatch.setattr(features.platform, "machine", lambda: machine)
+    assert engine_dtype("auto", flags) == asked
+    assert engine_dtype("bfloat16", flags) == "bfloat16"
 
 
 def _finds(found: str | None):
@@ -73,7 +98,7 @@ def test_without_tcmalloc_glibc_stays_and_the_log_says_what_to_install(monkeypat
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(ctypes.util, "find_library", _finds(None))
     env = {"LD_PRELOAD": "/torch/lib/libgomp.so.1"}
-    with caplog.at_level("WARNING", logger="mia_engine.engines.startup"):
+    with caplog.at_level("WARNING", logger="mia_engine.engines.cpu.malloc"):
         assert preload_tcmalloc(env) is None
     assert env == {"LD_PRELOAD": "/torch/lib/libgomp.so.1"}
     assert "libtcmalloc-minimal4" in caplog.text
@@ -153,7 +178,7 @@ def test_what_vllm_refuses_to_schedule_ahead_stays_off(monkeypatch: pytest.Monke
                                                        reason: str) -> None:
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, config: None))
     config = _vllm_config(**parts)
-    with caplog.at_level("WARNING", logger="mia_engine.engines.cpu_platform"):
+    with caplog.at_level("WARNING", logger="mia_engine.engines.cpu.platform"):
         MIACpuPlatform.check_and_update_config(config)
     assert config.scheduler_config.async_scheduling is False and reason in caplog.text
     allowed = _vllm_config()

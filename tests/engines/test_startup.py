@@ -13,8 +13,9 @@ import torch
 
 from mia_engine.config import EngineConfig, load_config
 from mia_engine.engines.roles import RoleServer
-from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, TCMALLOC_NAMES, cuda_components, replica_for,
-                                        spawn_env, start_groups, use_spawn)
+from mia_engine.engines.cpu.malloc import TCMALLOC_NAMES
+from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env, start_groups,
+                                        use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.services import Services
 
@@ -41,7 +42,8 @@ def test_devices_reach_vllm_as_device_ids_not_the_environment(monkeypatch: pytes
     args = VLLMEngine("e", config, tmp_path)._engine_args()  # a local folder, also under HF_HUB_OFFLINE
     assert args.device_ids == [4, 5] and args.tensor_parallel_size == 2
     assert args._resolve_device_ids() == [4, 5]  # vLLM's own resolution: physical ids
-    assert "CUDA_VISIBLE_DEVICES" not in spawn_env(config)
+    served = load_config("tiny", {"engines.tiny.tensor_parallel_size": 2, "engines.tiny.devices": [4, 5]})
+    assert "CUDA_VISIBLE_DEVICES" not in spawn_env(served, "tiny")
     assert VLLMEngine("e", EngineConfig(model="m"), tmp_path)._engine_args().device_ids is None
 
 
@@ -52,14 +54,15 @@ def test_the_kv_block_size_reaches_vllm_only_when_set(tmp_path: Path) -> None:
 
 
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
-    env = spawn_env(EngineConfig(model="m", cpu_kv_cache_space_gib=3.0, cpu_onednn_cache_capacity=64))
+    config = load_config("tiny", {"engines.tiny.cpu_kv_cache_space_gib": 3.0, "cpu_onednn_cache_capacity": 64})
+    env = spawn_env(config, "tiny")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == env["LRU_CACHE_CAPACITY"] == "64"  # oneDNN's and torch's
 
 
 def test_the_served_engine_processes_start_with_the_spawn_env(tiny_server) -> None:
     """The real server's engine core and worker (spawned, so only their start environment counts)."""
-    wanted = spawn_env(load_config("tiny").engines["tiny"])
+    wanted = spawn_env(load_config("tiny"), "tiny")
     engine_processes = _engine_processes(tiny_server)
     assert engine_processes
     for process in engine_processes:
@@ -85,17 +88,20 @@ def _engine_processes(server) -> list[psutil.Process]:
 
 
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
-    gpu = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml")).engines
-    assert start_groups(gpu) == [list(gpu)]  # distinct GPUs, same environment
+    config = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml"))
+    gpu = config.engines
+    assert start_groups(gpu, {name: spawn_env(config, name) for name in gpu}) == [list(gpu)]  # distinct GPUs
     cpu = {"a": EngineConfig(model="x"), "b": EngineConfig(model="y")}
-    assert start_groups(cpu) == [["a"], ["b"]]  # no devices: the default set, one at a time
+    assert start_groups(cpu, {"a": {}, "b": {}}) == [["a"], ["b"]]  # no devices: the default set, one at a time
 
 
 def test_shared_gpu_or_different_spawn_env_start_apart() -> None:
     engines = {"a": EngineConfig(model="x", devices=[0]), "b": EngineConfig(model="y", devices=[0]),
-               "c": EngineConfig(model="z", devices=[1]),
-               "d": EngineConfig(model="w", devices=[2], cpu_kv_cache_space_gib=4.0)}
-    assert start_groups(engines) == [["a", "c"], ["b"], ["d"]]
+               "c": EngineConfig(model="z", devices=[1]), "d": EngineConfig(model="w", devices=[2])}
+    same = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    envs = {"a": same, "b": same, "c": same, "d": {"VLLM_CPU_KVCACHE_SPACE": "4"}}
+    assert start_groups(engines, envs) == [["a", "c"], ["b"], ["d"]]
+    assert start_groups(engines, dict.fromkeys(engines, {})) == [["a", "c", "d"], ["b"]]  # a GPU's: no env
 
 
 def test_rollout_affinity_is_stable_and_spreads() -> None:
@@ -170,11 +176,12 @@ async def test_engines_started_together_leave_this_process_as_it_was(tmp_path: P
     from mia_engine.models.embedded import model_dir
 
     use_spawn()
-    config = load_config("tiny").engines["tiny"]
+    served = load_config("tiny")
+    config = served.engines["tiny"]
     engines = [VLLMEngine(name, config, model_dir(config.model, tmp_path / "home")) for name in ("a", "b")]
     environ, num_threads = dict(os.environ), torch.get_num_threads()
     try:
-        results = await start_together(engines, threading.Lock())
+        results = await start_together(engines, threading.Lock(), spawn_env(served, "tiny"))
         assert results == [None, None] and all(engine.is_running for engine in engines)
         changed = {k: (environ.get(k), os.environ.get(k)) for k in set(environ) | set(os.environ)
                    if environ.get(k) != os.environ.get(k)}

@@ -27,6 +27,8 @@ GROUP = [
     _rollout("short success", True, 12),
     _rollout("fail b", False, 30),
 ]
+CHOSEN = choose_rollouts(GROUP, random.Random(3))
+"""What the research loop hands the service for GROUP: (shortest success, one failure)."""
 
 
 def test_choose_rollouts_takes_the_shortest_success_and_a_seeded_random_failure() -> None:
@@ -66,14 +68,14 @@ def test_entries_to_clear_policies() -> None:
 
 @pytest.fixture()
 async def service(tmp_path: Path, embedder: Embedder) -> AsyncIterator[MemoryService]:
-    memory = await MemoryService.open(tmp_path, memory_config(seed=3), encoder=embedder)
+    memory = await MemoryService.open(tmp_path, memory_config(), encoder=embedder)
     yield memory
     await memory.close()
 
 
 async def test_consolidate_group_stores_positive_negative_and_meta_plan(service: MemoryService) -> None:
     question = "Which river flows through Vienna?"
-    result = await service.consolidate_group(question, GROUP, category="location")
+    result = await service.consolidate_group(question, CHOSEN, category="location")
     positive, negative = await service.get(result.positive.id), await service.get(result.negative.id)
     assert (positive.plan, positive.label, positive.trajectory) == ("short success", "correct", "trace short success")
     assert negative.label == "incorrect" and negative.plan in {"fail a", "fail b"}
@@ -86,17 +88,19 @@ async def test_consolidate_group_stores_positive_negative_and_meta_plan(service:
 
 
 async def test_consolidate_group_without_both_outcomes_stores_no_pair(service: MemoryService) -> None:
-    only_success = await service.consolidate_group("q one", [r for r in GROUP if r.is_correct])
-    only_failure = await service.consolidate_group("q two", [r for r in GROUP if not r.is_correct], caption="a map")
+    only_success = await service.consolidate_group("q one", (CHOSEN[0], None))
+    only_failure = await service.consolidate_group("q two", (None, CHOSEN[1]), caption="a map")
     assert only_success.positive is not None and only_success.negative is None and only_success.meta_plan_id is None
     assert only_failure.positive is None and only_failure.negative is not None and only_failure.meta_plan_id is None
     assert (await service.get(only_failure.negative.id)).modality == "text_image"
     assert (await service.stats()).num_meta_plans == 0
-    assert await service.consolidate_group("q three", []) == type(only_success)()
+    assert await service.consolidate_group("q three", (None, None)) == type(only_success)()
+    with pytest.raises(ValueError, match="successful rollout, a failed rollout"):
+        await service.consolidate_group("q four", (CHOSEN[1], CHOSEN[0]))  # the order is (success, failure)
 
 
 async def test_record_outcome_and_clear_through_the_service(service: MemoryService) -> None:
-    result = await service.consolidate_group("Who discovered penicillin?", GROUP)
+    result = await service.consolidate_group("Who discovered penicillin?", CHOSEN)
     hits = await service.search("Who found penicillin?")
     used = [hit.entry.id for hit in hits.positives + hits.negatives]
     assert sorted(used) == sorted([result.positive.id, result.negative.id])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mia_engine.memory.config import EmbedderConfig
-from mia_engine.cpu_features import cpu_flags
+from mia_engine.engines.cpu.features import cpu_flags
 from mia_engine.memory.embedder import Embedder, default_model_dir, dtype_candidates
 
 
@@ -81,7 +81,7 @@ def test_auto_dtype_says_what_it_chose_and_why(caplog: pytest.LogCaptureFixture)
         encoder = Embedder(EmbedderConfig())
     try:
         assert encoder.dtype in ("float32", "bfloat16")
-        if len(dtype_candidates(EmbedderConfig(), cpu_flags())) == 2:
+        if len(dtype_candidates(EmbedderConfig())) == 2:
             assert "measured at start" in encoder.choice_reason and "bfloat16" in encoder.choice_reason
         else:
             assert encoder.dtype == "float32" and encoder.choice_reason == "no native bf16 on this CPU"

@@ -1,70 +1,67 @@
-"""The server's ``MemoryHandle``: 503 until the store is open, then each declared method is the service's."""
+"""The server's ``MemoryHandle``: the routes are mounted before the store opens; until it is open they
+answer 503 with the reason, then they reach the real service through the handle, which forwards nothing."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
+from mia_engine.config import ServerConfig
 from mia_engine.memory.config import MemoryConfig
+from mia_engine.memory.embedder import Embedder
 from mia_engine.memory.entries import MemoryUnavailable
 from mia_engine.memory.handle import MemoryHandle
 from mia_engine.memory.service import MemoryService
-from mia_engine.readiness import StartupHandle
+from mia_engine.base.readiness import StartupHandle
 from mia_engine.server.health_api import waiting_line
+from mia_engine.server.memory_api import memory_routes
+from mia_engine.server.security import SecurityMiddleware
 
-DELEGATED = [name for name, member in vars(MemoryHandle).items()
-             if not name.startswith("_") and name not in {"open", "close", "service"}
-             and (inspect.iscoroutinefunction(member) or isinstance(member, property))]
-
-
-def test_the_handle_declares_what_its_users_call_with_the_services_signatures() -> None:
-    assert set(DELEGATED) == {"config", "add", "search", "get", "delete", "record_outcome", "consolidate_group",
-                              "clear_after_update", "search_meta_plans", "export_records", "import_records", "import_jsonl",
-                              "stats"}
-    assert "__getattr__" not in vars(MemoryHandle)  # nothing else is forwarded
-    for name in DELEGATED:
-        if name != "config":
-            assert inspect.signature(getattr(MemoryHandle, name)) == inspect.signature(getattr(MemoryService, name))
+from .factories import memory_config
 
 
-async def test_every_call_is_unavailable_until_the_store_opens(tmp_path: Path) -> None:
+def test_the_handle_opens_the_store_and_forwards_no_memory_operation() -> None:
+    """Each memory operation is written once, on ``MemoryService``; the handle only opens, closes and
+    hands out the open service."""
+    public = {name for name in vars(MemoryHandle) if not name.startswith("_")}
+    assert public == {"unavailable", "open", "close", "service"}
+    assert "__getattr__" not in vars(MemoryHandle)
+
+
+async def test_the_service_is_unavailable_until_the_store_opens(tmp_path: Path) -> None:
     handle = MemoryHandle(tmp_path, MemoryConfig())
     assert isinstance(handle, StartupHandle) and not handle.is_ready()
     assert handle.not_ready_reason() == "the memory store is opening; retry shortly"
     with pytest.raises(MemoryUnavailable, match="opening"):
-        await handle.search("q")
-    with pytest.raises(MemoryUnavailable, match="opening"):
-        handle.config
+        handle.service
     handle.fail("memory store failed to open: OSError: /secret/path")
     with pytest.raises(MemoryUnavailable, match="failed to open"):
-        await handle.stats()
+        handle.service
     assert waiting_line("memory_not_ready", handle) == "memory is not ready"  # no progress, no reason
 
 
-class _Recorder:
-    """Stands in for an open ``MemoryService``: each call returns its name and arguments."""
-
-    config = MemoryConfig(seed=5)
-
-    def __getattr__(self, name: str):
-        async def call(*args, **kwargs):
-            return name, args, kwargs
-        return call
-
-
-async def test_calls_are_delegated_once_open(tmp_path: Path) -> None:
-    handle = MemoryHandle(tmp_path, MemoryConfig())
-    handle._started(_Recorder())
-    assert handle.is_ready() and handle.config.seed == 5
-    assert await handle.search("q", category="c") == (
-        "search", ("q",), {"caption": None, "category": "c", "modality": None, "num_positive": None,
-                           "num_negative": None})
-    assert await handle.consolidate_group("q", [], caption="x") == (
-        "consolidate_group", ("q", []), {"caption": "x", "category": None, "modality": None})
-    assert await handle.search_meta_plans("q", 2) == ("search_meta_plans", ("q", 2), {})
-    assert await handle.record_outcome(["a"], True) == ("record_outcome", (["a"], True), {})
-    assert await handle.clear_after_update() == ("clear_after_update", (), {})
-    assert await handle.import_jsonl(b"x") == ("import_jsonl", (b"x",), {})
-    assert await handle.delete("a") is None  # delete answers nothing, like the service's
+async def test_routes_over_the_handle_answer_503_until_the_store_opens_then_the_service(
+        tmp_path: Path, embedder: Embedder) -> None:
+    handle = MemoryHandle(tmp_path, memory_config())
+    app = Starlette(routes=memory_routes(handle), middleware=[Middleware(SecurityMiddleware, config=ServerConfig())])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+        waiting = await client.get("/v1/memory/stats")
+        assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "memory_not_ready"
+        assert "opening" in waiting.json()["error"]["message"]
+        await handle.open(embedder)
+        try:
+            assert isinstance(handle.service, MemoryService) and handle.is_ready()
+            added = await client.post("/v1/memory/add", json={"question": "Who painted The Night Watch?",
+                                                              "workflow_summary": "1. **search** (painting → Rembrandt)",
+                                                              "label": "correct"})
+            assert added.status_code == 200, added.text
+            stats = await client.get("/v1/memory/stats")
+            assert stats.status_code == 200 and stats.json()["num_entries"] == 1
+        finally:
+            await handle.close()
+        closed = await client.get("/v1/memory/stats")
+        assert closed.status_code == 503 and closed.json()["error"]["code"] == "memory_not_ready"

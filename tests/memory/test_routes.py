@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,8 @@ from mia_engine.memory.service import MemoryService
 from mia_engine.server.memory_api import memory_routes
 from mia_engine.server.security import SecurityMiddleware
 
+from tests.processes import free_port
+
 from .factories import memory_config
 
 NDJSON = {"content-type": "application/x-ndjson"}
@@ -32,12 +33,6 @@ ADD = {
     "workflow_summary": "1. **search** (painting → Rembrandt)",
     "label": "correct",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -49,7 +44,7 @@ async def service(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) 
 
 @pytest.fixture(scope="module")
 def base_url(service: MemoryService) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     app = Starlette(routes=memory_routes(service), middleware=[Middleware(SecurityMiddleware, config=ServerConfig())])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="memory-http", daemon=True)

@@ -1,41 +1,34 @@
 """LoRA matmuls for vLLM's CPU backend: one matmul per adapter in the batch.
 
 vLLM's PyTorch-native punica ops (``vllm.lora.ops.torch_ops``, used by ``PunicaWrapperCPU``) gather a
-whole adapter matrix per token (tokens × out × rank) and contract it with ``einsum``. On a small model
-that gather costs more than the model itself: on the tiny model it was 60% of the engine's forward
-time in the research benchmark (py-spy, bench/RESULTS.md). They also read index -1 ("no adapter") as
-the last adapter slot, so a base-model request batched with a full set of adapters picks up the last
-one. These replacements group the tokens by adapter and do one matmul per adapter present, and treat
--1 as no adapter. That fix alone is the part worth sending upstream, as a small change to vLLM's
-``torch_ops`` bgmv/sgmv functions: after the gather, zero the rows whose index is negative (the
-``masked_fill_`` in ``_lora_delta``); its regression test is
-``tests/engines/test_cpu_lora.py::test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded``,
-which fails on vLLM's ops with the last slot loaded. A linear layer's LoRA (``lora_linear``) goes
-further: all its slices (q, k, v) and, in small steps, all adapters of the step in one shrink and one
-expand, on the adapters stacked once per load, the tokens grouped once per step (bench/RESULTS.md
-section 2, fifteenth and sixteenth sessions).
+whole adapter matrix per token (tokens × out × rank) and contract it with ``einsum``; on a small model
+that gather costs more than the model itself. They also read index -1 ("no adapter") as the last
+adapter slot, so a base-model request batched with a full set of adapters picks up the last one. These
+replacements group the tokens by adapter and do one matmul per adapter present, and treat -1 as no
+adapter (the fix ``upstream/vllm-torch-ops-no-adapter.patch`` proposes to vLLM; its regression test
+here is ``tests/engines/test_cpu_lora.py::test_no_adapter_means_no_adapter_even_when_the_last_slot_is_loaded``).
+A linear layer's LoRA (``lora_linear``) goes further: all its slices (q, k, v) and, in small steps, all
+adapters of the step in one shrink and one expand, on the adapters stacked once per load, the tokens
+grouped once per step.
 
-How they reach vLLM, through its extension points and nothing else: ``platform_plugin`` (the
-``vllm.platform_plugins`` entry point) makes a CPU build of vLLM use ``engines/cpu_platform.py``, vLLM's
-CPU platform whose Punica wrapper follows each engine's own config (``additional_config[CONFIG_KEY]``,
-set from ``engines.<name>.cpu_lora_ops``); the grouped wrapper (``engines/cpu_punica.py``) runs vLLM's
-own CPU wrapper code on these ops. vLLM's modules are never modified, so engines and other vLLM
-programs in this environment that do not ask for the ops keep vLLM's.
+How they reach vLLM, through its extension points and nothing else: the ``vllm.platform_plugins``
+entry point (``engines/platforms.py: platform_plugin``) makes a CPU build of vLLM use ``platform.py``,
+vLLM's CPU platform whose Punica wrapper follows each engine's own config (``additional_config``, key
+``options.LORA_OPS_KEY``, set from ``engines.<name>.cpu_lora_ops``); the grouped wrapper
+(``punica.py``) runs vLLM's own CPU wrapper code on these ops. vLLM's modules are never modified, so
+engines and other vLLM programs in this environment that do not ask for the ops keep vLLM's.
 """
 
 from __future__ import annotations
 
 import torch
 
-CONFIG_KEY = "mia_cpu_lora_ops"
-"""Key in vLLM's ``additional_config`` (an engine's own config): ``grouped`` selects these ops."""
 GATHER_MAX_ELEMENTS = 196_608
 """Up to this many gathered weight elements (tokens × out × in) the per-token gather is cheaper than
-grouping (one einsum instead of a loop over adapters). It is a size, not a token count, because the
-gather copies a whole adapter matrix per token: measured, the two cross at about 200k elements on both
-models served here, which is ~150 tokens on the tiny model (hidden 128, rank 8) and ~24 on SmolLM2-135M
-(hidden 576, rank 16) (bench/bench_cpu_lora.py, bench/RESULTS.md section 2). A single token always goes
-the grouped way: it has one adapter, so that is one plain matmul."""
+grouping (one einsum instead of a loop over adapters). A size, not a token count, because the gather
+copies a whole adapter matrix per token; measured with ``bench/bench_cpu_lora.py``, the two cross at
+about this size on both models served here. A single token always goes the grouped way: it has one
+adapter, so that is one plain matmul."""
 
 
 def gathers(tokens: int, out: int, inputs: int) -> bool:
@@ -89,16 +82,16 @@ class StackedLayer:
     """A LoRA linear layer's adapters, every slot and slice, as one shrink and one expand matrix.
 
     vLLM keeps one ``(slots, 1, rank, in)`` A and one ``(slots, 1, out, rank)`` B per slice and writes a
-    slot in place when it loads an adapter. Rebuilding the stacked layout per layer and step cost about
-    a fifth of ``lora_linear``'s time, so it is kept and rebuilt only when one of vLLM's tensors was
+    slot in place when it loads an adapter. Rebuilding the stacked layout per layer and step is a
+    sizeable part of ``lora_linear``'s time, so it is kept and rebuilt only when one of vLLM's tensors was
     written since (their version counters, which every in-place write bumps). Columns are slot-major:
     slot ``s``'s slice ``i`` is rank block ``s * slices + i``, so a run of slots is a contiguous view.
 
     Float32 for the shrink and for small expands: a bf16 matmul on CPU goes through oneDNN, which
-    builds a primitive per input shape, and the step's token count changes every step. Measured with
-    varying token counts (1 thread, as vLLM's CPU worker runs): 527 µs per bf16 shrink + expand of 1-256
-    tokens against 78 µs in float32. Large expands (``NATIVE_EXPAND_MIN_ELEMENTS``) write so much that
-    the layer's own dtype wins despite that, so B is also kept in it (``b_native``, built on first use)."""
+    builds a primitive per input shape, and the step's token count changes every step; with a new token
+    count per call (one thread, as vLLM's CPU worker runs) float32 measured several times faster. Large
+    expands (``NATIVE_EXPAND_MIN_ELEMENTS``) write so much that the layer's own dtype wins despite that,
+    so B is also kept in it (``b_native``, built on first use)."""
 
     def __init__(self, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...]) -> None:
         self.sources = lora_a + lora_b
@@ -141,9 +134,9 @@ class ZeroWeights:
     after vLLM wrote it (its version counter, as ``StackedLayer``).
 
     vLLM wraps the embedding and the LM head in LoRA layers whether or not an adapter targets them, and
-    runs their shrink and expand every step on zero weights: 4.7% of the tiny model's worker in the
-    research benchmark (py-spy, bench/RESULTS.md section 8), where no adapter targets them. Adding a
-    product of zeros changes nothing, so a layer whose B is all zeros can skip it."""
+    runs their shrink and expand every step on zero weights, a visible share of a small model's worker
+    when no adapter targets them. Adding a product of zeros changes nothing, so a layer whose B is all
+    zeros can skip it."""
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[torch.Tensor, int, bool]] = {}
@@ -180,18 +173,14 @@ class StepTokens:
 MASKED_MAX_MACS = 1 << 22
 """Up to this many multiply-adds (tokens × the slot run's columns × (in + out)), one masked shrink and
 expand over the run of slots present beats one per adapter: fewer ops, though each token also goes
-through the other slots' columns. Measured on both models' q/k/v and gate/up layers, one thread, two
-adapters and base-model tokens in the step: the two cross between 2.4M and 4.7M (~200 tokens on the
-tiny model, ~30 on SmolLM2-135M; bench/bench_cpu_lora.py --layers, bench/RESULTS.md section 2)."""
+through the other slots' columns. Where the two cross, measured on both models' layers with
+``bench/bench_cpu_lora.py --layers``."""
 
 
 NATIVE_EXPAND_MIN_ELEMENTS = 300_000
 """From this many output elements (tokens × the layer's output width) an expand runs in the layer's
-dtype (bf16 through oneDNN), below it in float32. Measured with a new token count every call, one
-thread, against the bf16 expand of before: float32 was 1.4-2.7x faster up to 262k elements (the tiny
-model's layers at 128-512 tokens, SmolLM2's q/k/v at 128), level at 0.5-1M on the tiny model, and
-0.7-0.8x from 393k on SmolLM2 (gate/up at 128 tokens and up, q/k/v at 2048) (bench/bench_cpu_lora.py
---layers --vary, bench/RESULTS.md section 2)."""
+dtype (bf16 through oneDNN), below it in float32, which builds no oneDNN primitive per token count and
+measured faster there (``bench/bench_cpu_lora.py --layers --vary``)."""
 
 
 def lora_linear(y: torch.Tensor, x: torch.Tensor, layer: StackedLayer, scale: float, step: StepTokens) -> None:
@@ -292,12 +281,3 @@ def sgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output
 OPS = {f.__name__: f for f in (bgmv_shrink, bgmv_expand, bgmv_expand_slice, sgmv_shrink, sgmv_expand,
                                sgmv_expand_slice)}
 
-
-def platform_plugin() -> str | None:
-    """The ``vllm.platform_plugins`` entry point: on a CPU build of vLLM, vLLM's CPU platform with the
-    per-engine Punica wrapper choice; elsewhere (a GPU build) nothing, so vLLM detects its own platform.
-
-    vLLM calls this while it resolves ``current_platform``, so it imports nothing that needs one."""
-    from vllm.platforms import cpu_platform_plugin
-
-    return "mia_engine.engines.cpu_platform.MIACpuPlatform" if cpu_platform_plugin() is not None else None

@@ -5,9 +5,9 @@ leaves the rest to "the scheduler process" (``vllm/utils/ompmultiprocessing.py``
 per worker), but pins nothing else: the engine core, which busy-waits on the worker's queue, and this
 serving process (HTTP, the research loop, the sentence encoder, the learner) float over every core,
 the worker's included, and the OS puts them there. The model step, which bounds throughput, then
-waits. Measured on 2 cores (bench/RESULTS.md section 8): the worker's core was ~86% busy; with the
-others moved off it, 97-100%, and the tiny model's research loop ran 1.12x faster (the embedded
-default's eval 0.96x, so ``cpu_keep_off_model_cores`` is off by default).
+waits for its core. Run once the engines are up when ``cpu_keep_off_model_cores`` is set (off by
+default: it helps where the model worker is the bottleneck, and measured slower where more of the work
+runs in this process).
 
 Which cores the workers have is read from the processes themselves, not recomputed: a thread of a
 child process whose affinity differs from this process's was placed on purpose (vLLM's OpenMP

@@ -1,14 +1,14 @@
-"""The two caches of oneDNN primitives a CPU process keeps, and their bound.
+"""The two caches of oneDNN primitives a CPU process keeps, and their bound (``cpu_onednn_cache_capacity``).
 
 torch runs a bf16 matmul on CPU through oneDNN and keeps the primitive it built twice: in ideep's LRU
 cache (``LRU_CACHE_CAPACITY``) and in oneDNN's own process-wide cache
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), 1024 entries each by default. A primitive is built per input
 shape, and serving changes the shape every step (tokens in a step, passages in an encoder batch), so a
-bf16 process kept adding primitives of up to a few MB until both caches were full: +1.25 GB for 1,059
-distinct shapes of a MiniLM-sized linear, flat with both bounded (bench/RESULTS.md section 8). float32
-matmuls take another path and cache nothing. Both values are read once per process, at its first
-oneDNN primitive, so they must be in the environment before that: ``spawn_env`` for the engines'
-spawned processes, ``bound_this_process`` for the serving (or ``eval``) process at its start.
+bf16 process keeps adding primitives of up to a few MB until both caches are full (over a GB); with
+both bounded its memory stays flat. float32 matmuls take another path and cache nothing. Both values
+are read once per process, at its first oneDNN primitive, so they must be in the environment before
+that: ``spawn.spawn_env`` for the engines' spawned processes, ``bound_this_process`` for the serving
+(or ``eval``) process at its start.
 """
 
 from __future__ import annotations

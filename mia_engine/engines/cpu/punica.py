@@ -1,11 +1,15 @@
-"""The grouped CPU LoRA ops (``engines/cpu_lora.py``) inside vLLM's own CPU Punica wrapper.
+"""The grouped CPU LoRA ops (``lora_ops.py``) inside vLLM's own CPU Punica wrapper.
 
 ``PunicaWrapperCPU`` calls its ops by their module-level names. Rather than overwrite those names in
 vLLM's module (every engine and vLLM program in the process would get them) or copy its methods, each
 method that calls one of them is rebuilt from its own code object with a namespace in which those
 names are ours: vLLM's wrapper logic, unchanged, on our ops, for this class only. If vLLM's wrapper no
 longer calls every op we replace, building the class fails, and with it the engine's start, naming
-them: grouped ops that are asked for are never silently not used.
+them: grouped ops that are asked for are never silently not used (the version guard, ``with_ops``).
+
+``upstream/vllm-punica-cpu-ops.patch`` proposes to vLLM that the wrapper call its ops through class
+attributes a subclass may set; once vLLM has it, ``_OnOurOps`` becomes a subclass that sets them and
+``_on_ops``/``_globals_read`` (the ``__code__`` rebinding) go (``upstream/README.md``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch
 
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from .cpu_lora import OPS, StackedLayer, StepTokens, ZeroWeights, lora_linear
+from .lora_ops import OPS, StackedLayer, StepTokens, ZeroWeights, lora_linear
 
 
 def _on_ops(function: types.FunctionType, ops: dict[str, object]) -> types.FunctionType:
@@ -58,10 +62,10 @@ class GroupedPunicaWrapperCPU(_OnOurOps):
 
     The tokens are grouped by adapter once per step (``update_metadata``); ``add_lora_linear``, called
     for each LoRA layer (q/k/v, o, gate/up, down in every decoder layer), then costs one shrink and one
-    expand for all slices (``cpu_lora.lora_linear``), on the layer's adapters stacked once and kept
-    until vLLM writes a slot (``cpu_lora.StackedLayer``), instead of two grouped ops per slice. The
+    expand for all slices (``lora_ops.lora_linear``), on the layer's adapters stacked once and kept
+    until vLLM writes a slot (``lora_ops.StackedLayer``), instead of two grouped ops per slice. The
     embedding and logits LoRA stay on vLLM's code over the grouped ops, and are skipped while no slot
-    has weights for them (``cpu_lora.ZeroWeights``: no adapter served here targets them)."""
+    has weights for them (``lora_ops.ZeroWeights``: no adapter served here targets them)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)

@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .entries import Label, MemoryEntry, MemoryHit, Modality, NonEmptyStr, SearchResult
-from .service import NewMemory
+from ..memory.entries import Label, MemoryEntry, MemoryHit, Modality, NonEmptyStr, SearchResult
+from ..memory.service import NewMemory
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=1000)]
 

@@ -1,0 +1,87 @@
+"""What each Executor turn may be: the structured-output regex of a generated turn, and the calls of
+turns the config fixes whole, which the loop writes instead of generating.
+
+The paper's Executor chooses every turn freely; with structured outputs (``structured_executor``) a
+turn is always well formed. The departures for small models each fix some turns (config fields):
+the first search is the question (``first_query``), an image question starts with the image search
+(``first_image_search``), the first turns must call a tool (``min_tool_calls``), the turn cap's last
+turn must answer (``force_final_answer``). A ``searches`` plan adds its queries to the fixed ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .config import AgentConfig
+from .executor_run import ExecutorRun, search_calls
+from .turns import executor_turn_regex
+from ..tools.calls import ToolCall
+from ..tools.registry import IMAGE_SEARCH, SEARCH, Tools
+
+TURN_OVERHEAD_CHARS = 160
+"""Tags, newlines and the JSON skeleton of a structured turn, with room to spare (about 100 are used)."""
+
+
+class TurnPolicy:
+    """The Executor-turn departures of one config, over one tool set (chosen in ``strategies``)."""
+
+    def __init__(self, config: AgentConfig, tools: Tools) -> None:
+        self.limits = config.regex
+        self.is_structured = config.structured_executor
+        self.is_question_first = config.first_query == "question"
+        self.is_image_first = config.first_image_search
+        self.min_tool_calls = config.min_tool_calls
+        self.is_final_answer_forced = config.force_final_answer
+        self._can_search = SEARCH in tools.names()
+        limits = dict(max_think_chars=self.limits.max_think_chars, max_answer_chars=self.limits.max_answer_chars,
+                      max_query_chars=self.limits.max_query_chars, max_queries=self.limits.max_queries)
+        self._free = {(allow, with_image): executor_turn_regex(tools.names(with_image=with_image),
+                                                               allow_answer=allow, **limits)
+                      for allow in (True, False) for with_image in (True, False)}
+        self._answer_only = executor_turn_regex([], **limits)
+
+    def first_queries(self, question: str) -> list[str]:
+        """The queries fixed before any plan's: the question itself with ``first_query = "question"``."""
+        return [question] if self.is_question_first else []
+
+    def starts_with_image_search(self, run: ExecutorRun) -> bool:
+        return self.is_image_first and bool(run.images)
+
+    def is_answer_only(self, is_last: bool) -> bool:
+        """The turn cap's last turn, when it may only answer (``force_final_answer``)."""
+        return is_last and self.is_structured and self.is_final_answer_forced
+
+    def regex(self, run: ExecutorRun, *, is_last: bool) -> str | None:
+        """The next turn's regex: answer only, a fixed call, a call or an answer (a call only before
+        ``min_tool_calls``); None without structured outputs."""
+        if self.is_answer_only(is_last):
+            return self._answer_only
+        if not self.is_structured:
+            return None
+        return self._fixed(run) or self._free[run.num_tool_calls >= self.min_tool_calls, bool(run.images)]
+
+    def _fixed(self, run: ExecutorRun) -> str | None:
+        """The regex of a fixed turn, if the next is one: the image search first, then the text searches
+        of ``run.fixed_queries`` in order."""
+        image_first = self.starts_with_image_search(run)
+        if image_first and not run.turns:
+            return executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=self.limits.max_think_chars)
+        index = len(run.turns) - int(image_first)
+        if 0 <= index < len(run.fixed_queries) and self._can_search:
+            return executor_turn_regex([SEARCH], max_think_chars=self.limits.max_think_chars,
+                                       fixed_query=run.fixed_queries[index])
+        return None
+
+    def pinned_calls(self, run: ExecutorRun) -> list[ToolCall]:
+        """The calls of a rollout whose turns are all fixed, as the loop writes them: the image search
+        first (``first_image_search``), then the text searches of ``run.fixed_queries`` in order."""
+        image = [ToolCall(IMAGE_SEARCH, {"img_idx": "0"})] if self.starts_with_image_search(run) else []
+        return image + search_calls(run.fixed_queries)
+
+    def max_chars(self, run: ExecutorRun) -> int:
+        """The longest Executor turn the regexes allow (tags and JSON included): a token budget that
+        never cuts a turn (a token is at least one character)."""
+        limits = self.limits
+        query = max((len(json.dumps(q, ensure_ascii=False)) for q in [run.question, *run.fixed_queries]), default=0)
+        body = max(limits.max_answer_chars, limits.max_queries * (limits.max_query_chars + 4), query, 300)
+        return limits.max_think_chars + body + TURN_OVERHEAD_CHARS

