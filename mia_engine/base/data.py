@@ -8,7 +8,6 @@ answers may be a string, a list or a dict (its values, flattened, are the accept
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,11 +15,14 @@ from typing import Any
 
 import msgspec
 
+from .packages import FANOUTQA, DataPackage, package_dir
+
 QUESTION_KEYS = ("question", "query", "problem")
 ANSWER_KEYS = ("answer", "answers", "golden_answers", "gt", "ground_truth")
 ID_KEYS = ("id", "ids", "data_id", "qid", "question_id")
 IMAGE_KEYS = ("image", "image_path", "images", "img")
-NAMED_DATASETS = {"fanoutqa-dev": ("fanoutqa", ("data", "fanout-final-dev.json"))}
+NAMED_DATASETS: dict[str, tuple[DataPackage, tuple[str, ...]]] = {
+    "fanoutqa-dev": (FANOUTQA, ("data", "fanout-final-dev.json"))}
 """Datasets resolved from installed packages: name → (package, path inside it)."""
 
 
@@ -52,10 +54,7 @@ def load_dataset(path_or_name: str, limit: int | None = None) -> list[Question]:
 
 def named_dataset_path(name: str) -> Path:
     package, parts = NAMED_DATASETS[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"dataset {name!r} needs the {package} package installed")
-    return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
+    return package_dir(package, f"dataset {name!r}").joinpath(*parts)
 
 
 def read_rows(path: Path) -> Iterator[Any]:
@@ -76,7 +75,7 @@ def _parquet_rows(path: Path) -> Iterator[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError(f"reading {path} needs pyarrow (pip install pyarrow)") from None
+        raise ImportError(f"reading {path} needs pyarrow: pip install 'mia-engine[parquet]'") from None
     for batch in pq.ParquetFile(path).iter_batches():
         yield from batch.to_pylist()
 

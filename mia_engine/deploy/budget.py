@@ -230,7 +230,7 @@ def _place_host_engine(name: str, engine: EngineConfig, shape: DecoderShape, gpu
 def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items: list[Item], share: int,
                       kv_tokens: int, gpus: dict[str, GpuBudget], notes: list[str]) -> None:
     """One budget for every GPU of a Ray engine, all on other nodes: this box's Ray node advertises no GPU
-    (README "Past one box"), so its own GPUs stay with the local claims above. vLLM ranks the workers
+    (docs/DEPLOY_8GPU.md, "Past one box"), so its own GPUs stay with the local claims above. vLLM ranks the workers
     node by node, so a tensor-parallel group stays on one node only while it divides the node's GPUs."""
     tp, per_node = engine.tensor_parallel_size, config.gpus.gpus_per_node
     replica = tp * engine.pipeline_parallel_size
@@ -246,7 +246,7 @@ def _place_ray_engine(config: MIAConfig, name: str, engine: EngineConfig, items:
                                  items, share, kv_tokens)])
     notes.append(f"engine {name}: Ray executor, TP {tp} x PP {engine.pipeline_parallel_size} x DP "
                  f"{engine.data_parallel_size} = {world} GPUs on >= {nodes} node(s) of {per_node}, none of them this "
-                 "box (start its Ray node with --num-gpus=0; README \"Past one box\")")
+                 "box (start its Ray node with --num-gpus=0; docs/DEPLOY_8GPU.md, \"Past one box\")")
     static = [engine.model] + [r.adapter for r in config.roles.values() if r.engine == name and r.adapter]
     notes.append(f"engine {name}: every Ray node reads {', '.join(static)} at the same path")
     if importlib.util.find_spec("ray") is None:

@@ -51,6 +51,18 @@ class SamplingOptions(msgspec.Struct, frozen=True):
     """Top log-probs per generated token (0 = only the sampled token's); ``None`` = none."""
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    top_k: int | None = None
+    """Sample from the k most likely tokens (0 or -1: all); ``None`` takes the role's default."""
+    min_p: float | None = None
+    """Drop tokens less likely than this fraction of the most likely one (0: off)."""
+    repetition_penalty: float | None = None
+    """Multiplies down tokens already in the prompt or output (1: off)."""
+    logit_bias: dict[int, float] | None = None
+    """Added to the logits of these token ids before sampling (already clamped to [-100, 100])."""
+    min_tokens: int = 0
+    """Tokens generated before an end-of-sequence or stop string may end the completion."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (until ``max_tokens`` or a stop string)."""
     regex: str | None = None
     """Constrain the output to this regular expression (structured outputs)."""
     json_schema: dict | None = None
@@ -104,10 +116,21 @@ class EngineClient(Protocol):
         """Requests to ``model`` may carry images (its engine serves a vision-language model)."""
         ...
 
-    async def render_chat(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+    async def render_chat(self, model: str, messages: list[dict[str, Any]], *,
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Apply the model's chat template (with the generation prompt) and tokenize. A message's content
         is a string, or (on a model that takes images) a list of ``{"type": "text", "text": ...}`` and
-        ``{"type": "image"}`` parts; each image part becomes the template's image placeholder."""
+        ``{"type": "image"}`` parts; each image part becomes the template's image placeholder. ``tools``:
+        OpenAI function definitions, handed to the template (which describes them to the model)."""
+        ...
+
+    async def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` under the model's tokenizer (off the event loop: a text can be long)."""
+        ...
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` under the model's tokenizer; raises ``ValueError`` for an id out of
+        its vocabulary."""
         ...
 
     def generate(

@@ -114,6 +114,17 @@ class RoleServer:
         for engine in self.engines.values():
             engine.shutdown()
 
+    def failure(self) -> str | None:
+        """Why the engines cannot serve, in one line: their start failed, or a started engine died (its
+        vLLM engine core stopped). None: up, or still starting."""
+        if self._error:
+            return self._error
+        dead = [name for name, engine in self.engines.items() if self._is_started and not engine.is_running]
+        if dead:
+            return (f"engine {', '.join(dead)} died: its vLLM engine core stopped unexpectedly (vLLM's log above "
+                    "says how)")
+        return None
+
     # --- EngineClient ---------------------------------------------------------------------------
 
     def models(self) -> list[ModelCard]:
@@ -160,16 +171,31 @@ class RoleServer:
         target = self._targets.get(model)
         return target is not None and target.engine.supports_images
 
-    async def render_chat(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+    async def render_chat(self, model: str, messages: list[dict[str, Any]], *,
+                          tools: list[dict[str, Any]] | None = None) -> list[int]:
         target = self._targets[model]
         tokenizer = target.engine.tokenizer
+        extra = {"tools": tools} if tools else {}
 
         def render() -> list[int]:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                 **target.template_kwargs)
+                                                 **extra, **target.template_kwargs)
             return tokenizer.encode(text, add_special_tokens=False)
 
         return await asyncio.get_running_loop().run_in_executor(None, render)
+
+    async def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        tokenizer = self._targets[model].engine.tokenizer
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        tokenizer = self._targets[model].engine.tokenizer
+        vocab_size = len(tokenizer)
+        bad = [i for i in token_ids if not 0 <= i < vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of the vocabulary (0 to {vocab_size - 1})")
+        return await asyncio.get_running_loop().run_in_executor(None, tokenizer.decode, token_ids)
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         target = self._targets[model]
@@ -253,9 +279,14 @@ def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream
         n=options.n,
         temperature=defaults.temperature if options.temperature is None else options.temperature,
         top_p=defaults.top_p if options.top_p is None else options.top_p,
-        top_k=defaults.top_k,
+        top_k=defaults.top_k if options.top_k is None else options.top_k,
+        min_p=options.min_p or 0.0,
+        repetition_penalty=1.0 if options.repetition_penalty is None else options.repetition_penalty,
         presence_penalty=defaults.presence_penalty if options.presence_penalty is None else options.presence_penalty,
         frequency_penalty=options.frequency_penalty or 0.0,
+        logit_bias=options.logit_bias or None,
+        min_tokens=options.min_tokens,
+        ignore_eos=options.ignore_eos,
         max_tokens=options.max_tokens,
         stop=options.stop or None,
         seed=options.seed,

@@ -17,14 +17,17 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vllm import SamplingParams
 from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
+from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from ..config import EngineConfig
+from .engine_args import engine_arg_names, table_error, vllm_version
 from .platforms import is_cpu_platform
 from .startup import replica_for
 
@@ -54,6 +57,28 @@ def platform_engine_args(config: EngineConfig) -> dict[str, Any]:
     return cpu.engine_args(config)
 
 
+def passthrough_engine_args(name: str, config: EngineConfig) -> dict[str, Any]:
+    """The ``[engines.<name>.vllm]`` table, checked (``engine_args.py``); ``ValueError`` names a bad key."""
+    if not config.vllm:
+        return {}
+    error = table_error(name, config.vllm, engine_arg_names(), vllm_version())
+    if error is not None:
+        raise ValueError(error)
+    return dict(config.vllm)
+
+
+def stat_logger_for(registry: CollectorRegistry) -> type[PrometheusStatLogger]:
+    """vLLM's Prometheus stat logger, registering its ``vllm:*`` series in ``registry`` instead of the
+    process-global one: each logger clears every ``vllm:`` series of the global registry when it is built,
+    so with several engines in one process only the last one's would remain there."""
+    def bound(cls: type) -> type:
+        return type(cls.__name__, (cls,), {"__init__": lambda self, *args, **kwargs: cls.__init__(
+            self, *args, **{**kwargs, "registry": registry})})
+
+    return type("EnginePrometheusStatLogger", (PrometheusStatLogger,), {
+        "_gauge_cls": bound(Gauge), "_counter_cls": bound(Counter), "_histogram_cls": bound(Histogram)})
+
+
 class VLLMEngine:
     """An engine for one base model; ``start`` spawns it without blocking the event loop."""
 
@@ -68,6 +93,9 @@ class VLLMEngine:
         self.dtype = config.dtype
         """The dtype the engine runs in, as vLLM resolved it at start (``auto`` depends on the hardware)."""
         self._llm: Any = None
+        self.metrics_registry = CollectorRegistry(auto_describe=True)
+        """vLLM's own ``vllm:*`` series of this engine (labels ``model_name`` = the engine's name, ``engine`` =
+        the data-parallel rank), filled by its stat logger; the server's ``/metrics`` renders it."""
 
     @property
     def is_running(self) -> bool:
@@ -87,7 +115,8 @@ class VLLMEngine:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     def _engine_args(self) -> AsyncEngineArgs:
-        return AsyncEngineArgs(**{**self._common_engine_args(), **platform_engine_args(self.config)})
+        return AsyncEngineArgs(**{**self._common_engine_args(), **platform_engine_args(self.config),
+                                  **passthrough_engine_args(self.name, self.config)})
 
     def _common_engine_args(self) -> dict[str, Any]:
         """The engine args on every platform."""
@@ -128,7 +157,8 @@ class VLLMEngine:
         with config_lock:
             vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
-        return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats)
+        return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats,
+                                         stat_loggers=[stat_logger_for(self.metrics_registry)])
 
     def replica(self, affinity_key: str | None) -> int | None:
         """The data-parallel rank for a request (None: vLLM balances by load)."""

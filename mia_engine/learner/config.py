@@ -95,7 +95,7 @@ class LearnerConfig(Frozen):
     (served again at restart and rollback), must lie under one of these (a link counts where it
     points); loading refuses the config otherwise, and a ``publish_tmpfs`` never qualifies (a tmpfs is
     private to its node). Static folders, the model and a role's configured ``adapter``, are the
-    operator's to copy to every node, as for any vLLM engine on Ray (README "Past one box")."""
+    operator's to copy to every node, as for any vLLM engine on Ray (docs/DEPLOY_8GPU.md, "Past one box")."""
     num_reports_kept: int = 1024
     """Latest update reports the learner keeps in memory (``TestTimeLearner.reports``); older ones are
     dropped, so a server that learns for days does not grow with its update count."""

@@ -6,11 +6,30 @@ and the output embedding so that log-probs are computed a chunk of positions at 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from .config import LearnerConfig
+
+
+class UntrainableBase(ValueError):
+    """The base model is one the learner cannot train (the message says why)."""
+
+
+def check_trainable_base(base_dir: Path, quantization: str | None = None) -> None:
+    """Raise ``UntrainableBase`` when the learner cannot train LoRA on this base: it is quantised (the serving
+    engine's ``quantization``, or a ``quantization_config`` in its ``config.json``); the learner computes
+    gradients through full-precision base weights, and publishes adapters for the base the engine serves."""
+    try:
+        found = json.loads((base_dir / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError):
+        found = None
+    method = quantization or (found.get("quant_method", "yes") if isinstance(found, dict) else found)
+    if method:
+        raise UntrainableBase(f"{base_dir}: a quantised base ({method}) cannot be trained by the test-time "
+                              "learner; serve an unquantised base on the Planner's engine to learn at test time")
 
 
 def load_peft_model(base_dir: Path, adapter_dir: Path, config: LearnerConfig) -> torch.nn.Module:

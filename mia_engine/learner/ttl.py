@@ -32,6 +32,7 @@ from .batching import GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
 from .config import LearnerConfig
 from .learner import PlannerLearner, StepResult
+from .model import check_trainable_base
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,14 @@ class TestTimeLearner:
         """The latest good checkpoint to serve at startup (None: the configured adapter)."""
         return self.checkpoints.latest()
 
-    async def start(self, base_dir: Path, engine_dtype: str = "auto") -> None:
+    async def start(self, base_dir: Path, engine_dtype: str = "auto", quantization: str | None = None) -> None:
         """Load the trainable copy of the Planner from the adapter version now serving; adapters are
-        published in ``engine_dtype`` (the serving engine's; ``auto`` = the base model's)."""
+        published in ``engine_dtype`` (the serving engine's; ``auto`` = the base model's). A quantised base
+        (the engine's ``quantization``, or the model's own config) is refused: ``UntrainableBase``."""
         current = self.registry.current(self.role)
         if current is None:
             raise AdapterError(f"role {self.role!r} has no adapter to learn")
+        check_trainable_base(Path(base_dir), quantization)
         loop = asyncio.get_running_loop()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)

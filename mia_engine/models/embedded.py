@@ -34,13 +34,38 @@ def embedded_root(spec: str, home: Path) -> Path:
 
 
 def model_dir(spec: str, home: Path) -> Path:
-    """The Hugging Face folder an engine loads."""
+    """The Hugging Face folder an engine loads: an embedded model's, a local folder, or the snapshot of a
+    Hugging Face model id in the local Hugging Face cache (nothing is downloaded)."""
     if is_embedded(spec):
         return embedded_root(spec, home) / "base"
     path = Path(spec).expanduser()
-    if not (path / "config.json").is_file():
+    if (path / "config.json").is_file():
+        return path
+    if not is_hf_model_id(spec):
         raise FileNotFoundError(f"{spec}: not a local model folder (no config.json); nothing is downloaded")
-    return path
+    cached = hf_cache_dir(spec)
+    if cached is None:
+        raise FileNotFoundError(f"{spec}: neither a local model folder nor a model in the Hugging Face cache; "
+                                f"the server downloads nothing: run `hf download {spec}` first")
+    return cached
+
+
+def is_hf_model_id(spec: str) -> bool:
+    """``name`` or ``org/name``, as the Hub spells repository ids (not a path that merely does not exist)."""
+    return spec.count("/") <= 1 and not spec.startswith((".", "/", "~")) and "\\" not in spec
+
+
+def hf_cache_dir(repo_id: str) -> Path | None:
+    """The cached snapshot of ``repo_id`` (its ``main``) in the Hugging Face cache (``HF_HUB_CACHE``, or
+    ``HF_HOME/hub``), when it holds a ``config.json``; None otherwise. Offline: never downloads."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError):
+        return None
+    return folder if (folder / "config.json").is_file() else None
 
 
 def adapter_dir(spec: str, engine_model: str, home: Path) -> Path:

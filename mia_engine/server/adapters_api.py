@@ -90,7 +90,7 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
         body: PublishRequest = await read_json(request, config.max_body_bytes, decoder)
         if not body.path or "\x00" in body.path:
             raise BadRequest("path must be a non-empty folder path without NUL characters.", param="path")
-        with admission.slot("route:admin", config.admission.max_concurrent_admin):
+        async with admission.slot("route:admin", config.admission.max_concurrent_admin):
             try:
                 version = await registry.publish(role, Path(body.path))
             except AdapterError as err:

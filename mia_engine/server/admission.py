@@ -1,39 +1,122 @@
-"""Admission control: bounded concurrency per model and per route, refused at once when full.
+"""Admission control: bounded concurrency per model and per route, with a bounded FIFO queue per key.
 
-A request either gets a slot now or a 429 with ``Retry-After``: nothing waits in an unbounded queue,
-so an overload costs the client a retry, never the server its memory or its latency for everyone.
-A slot is held until the response (a stream included) is finished.
+A request over its key's bound waits in that key's queue (first come, first served) until a slot frees,
+as ``vllm serve`` queues; it gets 429 with ``Retry-After`` only when the queue is full
+(``max_queued_per_key``) or its wait passes ``max_queue_wait_s``. A client that goes away while queued
+leaves the queue at once. A slot is held until the response (a stream included) is finished, and a
+freed slot passes straight to the first waiter, so a late arrival never overtakes the queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import msgspec
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import AdmissionConfig
-from .errors import TooManyRequests
+from .errors import APIError, TooManyRequests
+
+
+class ClientGone(APIError):
+    """The client disconnected while its request waited for a slot (nobody reads the answer)."""
+
+    status = 499
+    type = "client_closed_request"
+
+
+class KeyStats(msgspec.Struct):
+    """What one key's queue did since start: for ``/metrics``."""
+
+    num_admitted: int = 0
+    """Requests that got a slot (at once or after waiting)."""
+    wait_seconds: float = 0.0
+    """Sum of the time those requests waited in the queue, in seconds."""
+    num_rejected: dict[str, int] = {}
+    """429s and departures by reason: ``queue_full``, ``deadline``, ``disconnected``."""
 
 
 class Admission:
-    """Counters of running requests by key (``model:planner``, ``route:memory``, ...); event-loop only."""
+    """Running counts and FIFO waiters by key (``model:planner``, ``route:mia``, ...); event-loop only."""
 
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
         self._running: dict[str, int] = {}
+        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self.stats: dict[str, KeyStats] = {}
 
-    def acquire(self, key: str, limit: int, *, param: str | None = None) -> None:
-        """Take a slot of ``key`` or raise 429; pair with ``release``."""
-        running = self._running.get(key, 0)
-        if running >= limit:
-            raise TooManyRequests(f"{key.split(':', 1)[-1]} is at its limit of {limit} concurrent requests; "
-                                  f"retry in {self.config.retry_after_s} s.", retry_after_s=self.config.retry_after_s,
-                                  param=param)
-        self._running[key] = running + 1
+    async def acquire(self, key: str, limit: int, *, param: str | None = None,
+                      request: Request | None = None) -> None:
+        """Take a slot of ``key`` (at most ``limit`` held at once), waiting in its queue if need be; pair
+        with ``release``. 429 when the queue is full or the wait deadline passes; ``request``: leave the
+        queue (``ClientGone``) if its client disconnects (its body must have been read already)."""
+        if self._running.get(key, 0) < limit and not self._waiters.get(key):
+            self._running[key] = self._running.get(key, 0) + 1
+            self._admitted(key, 0.0)
+            return
+        queue = self._waiters.setdefault(key, deque())
+        if len(queue) >= self.config.max_queued_per_key:
+            raise self._refusal(key, "queue_full", f"{_name(key)} is at its limit of {limit} concurrent requests "
+                                f"and {len(queue)} waiting (server.admission.max_queued_per_key)", param)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append(future)
+        start = time.monotonic()
+        outcome = await self._wait(key, future, request)
+        if outcome == "deadline":
+            raise self._refusal(key, "deadline", f"{_name(key)} waited {self.config.max_queue_wait_s:g} s for one of "
+                                f"its {limit} slots (server.admission.max_queue_wait_s)", param)
+        if outcome == "disconnected":
+            self._count(key, "disconnected")
+            raise ClientGone("The client disconnected while its request waited for a slot.")
+        self._admitted(key, time.monotonic() - start)
+
+    async def _wait(self, key: str, future: asyncio.Future[None], request: Request | None) -> str:
+        """Wait for ``future`` (a slot handed over by ``release``): ``admitted``, ``deadline`` or
+        ``disconnected``; a cancelled waiter leaves the queue (or passes on a slot it was just given)."""
+        watcher = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+        try:
+            await asyncio.wait({future, *([watcher] if watcher else [])}, timeout=self.config.max_queue_wait_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._leave(key, future)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if future.done():
+            return "admitted"
+        self._leave(key, future)
+        return "disconnected" if watcher is not None and watcher.done() else "deadline"
+
+    def _leave(self, key: str, future: asyncio.Future[None]) -> None:
+        """Take ``future`` out of ``key``'s queue; a slot already handed to it goes to the next waiter."""
+        if future.done() and not future.cancelled():
+            self.release(key)
+            return
+        future.cancel()
+        queue = self._waiters.get(key)
+        if queue is not None and future in queue:
+            queue.remove(future)
+            if not queue:
+                del self._waiters[key]
 
     def release(self, key: str) -> None:
+        """Give back a slot of ``key``: to the first waiter if any, else to the pool."""
+        queue = self._waiters.get(key)
+        while queue:
+            future = queue.popleft()
+            if not future.done():
+                future.set_result(None)  # the slot changes hands: the running count stays
+                if not queue:
+                    del self._waiters[key]
+                return
+        self._waiters.pop(key, None)
         self._running[key] -= 1
         if not self._running[key]:
             del self._running[key]  # keys come from requests: keep only the running ones
@@ -41,9 +124,17 @@ class Admission:
     def running(self, key: str) -> int:
         return self._running.get(key, 0)
 
-    @contextmanager
-    def slot(self, key: str, limit: int, *, param: str | None = None) -> Iterator[None]:
-        self.acquire(key, limit, param=param)
+    def queued(self, key: str) -> int:
+        return len(self._waiters.get(key, ()))
+
+    def keys(self) -> list[str]:
+        """Every key seen: running, queued or counted."""
+        return sorted({*self._running, *self._waiters, *self.stats})
+
+    @asynccontextmanager
+    async def slot(self, key: str, limit: int, *, param: str | None = None,
+                   request: Request | None = None) -> AsyncIterator[None]:
+        await self.acquire(key, limit, param=param, request=request)
         try:
             yield
         finally:
@@ -52,6 +143,30 @@ class Admission:
     def held_by(self, key: str, response: Response) -> Response:
         """``response`` that releases ``key`` (already acquired) once it is sent, or abandoned mid-way."""
         return _Held(self, key, response)  # type: ignore[return-value]
+
+    def _admitted(self, key: str, waited_s: float) -> None:
+        stats = self.stats.setdefault(key, KeyStats(num_rejected={}))
+        stats.num_admitted += 1
+        stats.wait_seconds += waited_s
+
+    def _count(self, key: str, reason: str) -> None:
+        rejected = self.stats.setdefault(key, KeyStats(num_rejected={})).num_rejected
+        rejected[reason] = rejected.get(reason, 0) + 1
+
+    def _refusal(self, key: str, reason: str, what: str, param: str | None) -> TooManyRequests:
+        self._count(key, reason)
+        return TooManyRequests(f"{what}; retry in {self.config.retry_after_s} s.",
+                               retry_after_s=self.config.retry_after_s, param=param)
+
+
+def _name(key: str) -> str:
+    return key.split(":", 1)[-1]
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (its body already read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Held:
@@ -69,7 +184,8 @@ class _Held:
 
 class AdmissionMiddleware:
     """One bound over every request with a body in flight (uploads included, before any route's own bound),
-    so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory."""
+    so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory. Requests over
+    it queue like any key's: a queued request has not had its body read, so waiting costs no body memory."""
 
     def __init__(self, app: ASGIApp, admission: Admission, limit: int) -> None:
         self.app = app
@@ -81,7 +197,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            self.admission.acquire("server:bodies", self.limit)
+            await self.admission.acquire("server:bodies", self.limit)
         except TooManyRequests as err:
             await err.to_response()(scope, receive, send)
             return

@@ -26,12 +26,15 @@ from ..engines.client import EngineClient
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentSource
 from .chat_api import chat_routes
+from .completions_api import completion_routes
+from .embeddings_api import EncoderSource, embedding_routes
 from .errors import APIError
 from .health_api import Readiness, health_routes
 from .metrics import Metrics
 from .models_api import model_routes
 from .openapi import openapi_routes
 from .security import SecurityMiddleware
+from .tokenize_api import tokenize_routes
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +50,22 @@ def build_app(
     agent: AgentSource | None = None,
     metrics: Metrics | None = None,
     admission: Admission | None = None,
+    encoder: EncoderSource | None = None,
 ) -> Starlette:
     """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down.
 
     ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store;
-    ``admission`` is shared with the ``extra_routes`` that bound their own concurrency."""
+    ``admission`` is shared with the ``extra_routes`` that bound their own concurrency; ``encoder`` gives the
+    memory's sentence encoder to ``/v1/embeddings`` (no route without it)."""
     metrics = metrics or Metrics()
     admission = admission or Admission(config.admission)
     routes: list[BaseRoute] = [
         *health_routes([("engine_not_ready", client), *components], metrics),
-        *model_routes(client, has_agent=agent is not None),
+        *model_routes(client, has_agent=agent is not None, encoder=encoder),
         *chat_routes(client, config, admission, metrics, agent),
+        *completion_routes(client, config, admission, metrics, has_agent=agent is not None),
+        *tokenize_routes(client, config),
+        *(embedding_routes(encoder, config) if encoder is not None else []),
     ]
     routes += [*openapi_routes([*routes, *extra_routes]), *extra_routes]
     app = Starlette(routes=routes, lifespan=EngineLifespan(start, stop), exception_handlers={
@@ -66,6 +74,7 @@ def build_app(
     app.add_middleware(SecurityMiddleware, config=config)  # added last: runs first
     app.state.metrics = metrics
     app.state.admission = admission
+    metrics.watch_admission(admission)
     return app
 
 

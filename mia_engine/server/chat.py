@@ -14,12 +14,14 @@ import msgspec
 from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
                               InvalidGeneration, SamplingOptions, TokenLogprob)
+from .completion_bodies import CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .images import image_param, image_parts, load_images
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
-                            Choice, ChoiceLogprobs, ChunkChoice, Delta, TextPart, TokenLogprobOut, TopLogprobOut,
-                            Usage)
+                            Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaToolCall, TextPart, TokenLogprobOut,
+                            TopLogprobOut, Usage)
+from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, tool_mode
 
 
 class PreparedChat(msgspec.Struct):
@@ -32,6 +34,8 @@ class PreparedChat(msgspec.Struct):
     created: int
     images: list[Any] = []
     """Decoded images for the prompt's image placeholders, in order."""
+    tools: ToolMode = NO_TOOLS
+    """The request's tools and how its completion becomes tool calls."""
 
 
 class Generation(NamedTuple):
@@ -61,9 +65,12 @@ class ChatService:
                                  "model); send images to a vision-language role or to `mia`.",
                                  param=image_param(*parts[0][:2]), code="images_not_supported")
             images = [item.image for item in await load_images(request.messages, self.config.images)]
-        messages = [template_message(m) if images else flatten_message(i, m) for i, m in enumerate(request.messages)]
+        tools = tool_mode(request)
+        messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
+                    for i, m in enumerate(request.messages)]
         try:
-            prompt_ids = await self.client.render_chat(request.model, messages)
+            extra = {"tools": tools.tools} if tools.tools else {}
+            prompt_ids = await self.client.render_chat(request.model, messages, **extra)
         except Exception as err:  # chat templates raise on sequences they don't accept
             raise BadRequest(f"The messages do not fit this model's chat template: {err}", param="messages") from None
         try:
@@ -72,8 +79,8 @@ class ChatService:
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
-        return PreparedChat(request, prompt_ids, _options(request, max_tokens),
-                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images)
+        return PreparedChat(request, prompt_ids, _options(request, max_tokens, tools),
+                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
 
     def check_model(self, model: str) -> None:
         if not self.client.has_model(model):
@@ -84,7 +91,13 @@ class ChatService:
     async def open(self, chat: PreparedChat, *, stream: bool) -> Generation:
         """Start generating and wait for the first output, so a request the engine refuses still gets a
         proper 4xx/503 rather than a broken stream."""
-        outputs = self._generate(chat, stream=stream)
+        return await self.open_prompt(chat.request.model, chat.prompt_ids, chat.options, chat.request_id,
+                                      stream=stream, images=chat.images)
+
+    async def open_prompt(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+                          stream: bool, images: list[Any] | None = None) -> Generation:
+        """``open`` for a prompt already in token ids (``/v1/completions`` too)."""
+        outputs = self._generate(model, prompt_ids, options, request_id, stream=stream, images=images or [])
         try:
             first = await anext(outputs)
         except StopAsyncIteration:
@@ -102,7 +115,7 @@ class ChatService:
             async for deltas in rest:
                 finals = deltas
         want_logprobs = chat.options.logprobs is not None
-        choices = [Choice(d.index, AssistantMessage(content=d.text), d.finish_reason,
+        choices = [Choice(d.index, *_message(chat.tools, d.text, d.finish_reason),
                           _choice_logprobs(d.logprobs) if want_logprobs else None)
                    for d in sorted(finals, key=lambda d: d.index)]
         usage = usage_of(chat, sum(d.num_tokens for d in finals))
@@ -117,14 +130,18 @@ class ChatService:
         first = [ChunkChoice(i, Delta(role="assistant", content="")) for i in range(chat.options.n)]
         yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, first)))
         num_tokens = 0
+        held = [CompletionDelta(i, "", 0, [] if chat.options.logprobs is not None else None)
+                for i in range(chat.options.n)]
         async with aclosing(generation.rest) as rest:
             try:
-                async for deltas in _chain(generation.first, rest):
+                async for deltas in chain(generation.first, rest):
                     for d in deltas:
                         num_tokens += d.num_tokens
-                        logprobs = _choice_logprobs(d.logprobs) if d.logprobs is not None else None
-                        choice = ChunkChoice(d.index, Delta(content=d.text), d.finish_reason, logprobs)
-                        yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
+                        choice = _tool_chunk(chat.tools, held[d.index], d) if chat.tools.calls_tools else ChunkChoice(
+                            d.index, Delta(content=d.text), d.finish_reason,
+                            _choice_logprobs(d.logprobs) if d.logprobs is not None else None)
+                        if choice is not None:
+                            yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
             except (InvalidGeneration, EngineUnavailable) as err:
                 error = Unavailable(str(err)) if isinstance(err, EngineUnavailable) else BadRequest(str(err))
                 yield sse(encode(ErrorBody(ErrorDetail(error.message, error.type, None, error.code))))
@@ -133,14 +150,15 @@ class ChatService:
             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [], usage)))
         yield b"data: [DONE]\n\n"
 
-    async def _generate(self, chat: PreparedChat, *, stream: bool) -> AsyncIterator[list[CompletionDelta]]:
+    async def _generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+                        stream: bool, images: list[Any]) -> AsyncIterator[list[CompletionDelta]]:
         """The engine's deltas, with the request's metrics recorded whatever the outcome."""
-        model, start = chat.request.model, time.perf_counter()
+        start = time.perf_counter()
         status, num_tokens, is_first = "cancelled", 0, True
         self.metrics.in_flight.labels(model).inc()
         try:
-            extra = {"images": chat.images} if chat.images else {}
-            async with aclosing(self.client.generate(model, chat.prompt_ids, chat.options, chat.request_id,
+            extra = {"images": images} if images else {}
+            async with aclosing(self.client.generate(model, prompt_ids, options, request_id,
                                                      stream=stream, **extra)) as deltas:
                 async for batch in deltas:
                     if is_first:
@@ -155,9 +173,26 @@ class ChatService:
         finally:
             self.metrics.in_flight.labels(model).dec()
             self.metrics.requests.labels(model, status).inc()
-            self.metrics.prompt_tokens.labels(model).inc(len(chat.prompt_ids))
+            self.metrics.prompt_tokens.labels(model).inc(len(prompt_ids))
             self.metrics.completion_tokens.labels(model).inc(num_tokens)
             self.metrics.latency.labels(model).observe(time.perf_counter() - start)
+
+
+_RAW_ONLY_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "top_k", "min_p",
+                    "repetition_penalty")
+
+
+def refuse_raw_only_fields(request: ChatCompletionRequest) -> None:
+    """The research agent (model ``mia``) runs its own tools and samples its roles with its own settings: a
+    field that only a raw role honours is refused rather than ignored."""
+    for name in _RAW_ONLY_FIELDS:
+        if getattr(request, name) is not None:
+            raise BadRequest(f"`{name}` applies to the raw roles, not to the research agent `{request.model}` "
+                             "(it runs its own tools and sampling).", param=name)
+    if request.min_tokens or request.ignore_eos:
+        param = "min_tokens" if request.min_tokens else "ignore_eos"
+        raise BadRequest(f"`{param}` applies to the raw roles, not to the research agent `{request.model}`.",
+                         param=param)
 
 
 def template_message(message: ChatMessage) -> dict[str, Any]:
@@ -177,7 +212,16 @@ def message_text(message: ChatMessage) -> str:
     return "\n".join(p.text for p in content if isinstance(p, TextPart))
 
 
-def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
+def with_tool_fields(message: ChatMessage, rendered: dict[str, Any]) -> dict[str, Any]:
+    """``rendered`` with the message's tool calls (arguments as JSON text) and the call it answers."""
+    if message.tool_calls:
+        rendered["tool_calls"] = [msgspec.to_builtins(call) for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def flatten_message(index: int, message: ChatMessage) -> dict[str, Any]:
     """Text content only, for a text model (an image part is refused)."""
     content = message.content
     if content is None:
@@ -192,18 +236,63 @@ def flatten_message(index: int, message: ChatMessage) -> dict[str, str]:
     return {"role": message.role, "content": "\n".join(texts)}
 
 
-def _options(request: ChatCompletionRequest, max_tokens: int) -> SamplingOptions:
+def _options(request: ChatCompletionRequest, max_tokens: int, tools: ToolMode) -> SamplingOptions:
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    regex, json_schema = _constraint(request)
+    regex, json_schema = (None, tools.schema) if tools.calls_tools else constraint(request)
     return SamplingOptions(
         n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens, stop=stop,
         seed=request.seed, logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
+        top_k=request.top_k, min_p=request.min_p, repetition_penalty=request.repetition_penalty,
+        logit_bias=logit_bias_ids(request.logit_bias), min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
         regex=regex, json_schema=json_schema,
     )
 
 
-def _constraint(request: ChatCompletionRequest) -> tuple[str | None, dict | None]:
+def logit_bias_ids(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` (token ids as strings) as vLLM takes it: int keys, values clamped to
+    [-100, 100]. An id outside the vocabulary is refused by the engine (also a 400)."""
+    if not logit_bias:
+        return None
+    result = {}
+    for key, bias in logit_bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias") from None
+        if token_id < 0:
+            raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias")
+        result[token_id] = min(100.0, max(-100.0, bias))
+    return result
+
+
+def _message(tools: ToolMode, text: str, finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
+    """The assistant message of a whole completion, and its finish reason (``tool_calls`` under
+    ``required``, ``stop`` for a named function, as OpenAI and vLLM answer)."""
+    calls = parse_tool_calls(tools, text) if tools.calls_tools else None
+    if calls is None:
+        return AssistantMessage(content=text), finish_reason
+    reason = "tool_calls" if tools.named is None and finish_reason == "stop" else finish_reason
+    return AssistantMessage(content="" if tools.named else None, tool_calls=calls), reason
+
+
+def _tool_chunk(tools: ToolMode, held: CompletionDelta, delta: CompletionDelta) -> ChunkChoice | None:
+    """Under ``tool_choice`` required or named, a completion's calls are sent whole when it ends: ``delta`` is
+    added to ``held`` (its text and log-probs so far) and the chunk comes with the last one (None before)."""
+    held.text += delta.text
+    if held.logprobs is not None:
+        held.logprobs += delta.logprobs or []
+    if delta.finish_reason is None:
+        return None
+    message, reason = _message(tools, held.text, delta.finish_reason)
+    logprobs = _choice_logprobs(held.logprobs) if held.logprobs is not None else None
+    if isinstance(message.tool_calls, list):
+        calls = [DeltaToolCall(i, c.id, c.function) for i, c in enumerate(message.tool_calls)]
+        return ChunkChoice(delta.index, Delta(tool_calls=calls), reason, logprobs)
+    return ChunkChoice(delta.index, Delta(content=held.text), reason, logprobs)
+
+
+def constraint(request: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, dict | None]:
     """(regex, JSON schema) from ``structured_outputs`` or ``response_format``; an invalid regex or schema
     is refused by the engine when the request is added (also a 400)."""
     so, fmt = request.structured_outputs, request.response_format
@@ -250,7 +339,7 @@ def usage_of(chat: PreparedChat, completion_tokens: int) -> Usage:
     return Usage(prompt, completion_tokens, prompt + completion_tokens)
 
 
-async def _chain(first: list[CompletionDelta], rest: AsyncIterator[list[CompletionDelta]]
+async def chain(first: list[CompletionDelta], rest: AsyncIterator[list[CompletionDelta]]
                  ) -> AsyncIterator[list[CompletionDelta]]:
     if first:
         yield first

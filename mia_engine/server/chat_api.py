@@ -21,8 +21,9 @@ from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import EngineClient
 from .admission import Admission
 from .agent_api import AgentChat, AgentSource
-from .body import read_json
-from .chat import ChatService, PreparedChat
+from .body import decode_body, read_body
+from .chat import ChatService, PreparedChat, refuse_raw_only_fields
+from .ignored_fields import warn_ignored
 from .limits import check_chat_limits
 from .metrics import Metrics
 from .openai_bodies import ChatCompletion, ChatCompletionRequest
@@ -53,11 +54,14 @@ class ChatHandlers:
 
     async def chat_completions(self, request: Request) -> Response:
         config = self._config
-        body: ChatCompletionRequest = await read_json(request, config.max_body_bytes, self._decoder)
+        raw = await read_body(request, config.max_body_bytes)
+        body: ChatCompletionRequest = decode_body(raw, self._decoder)
+        warn_ignored("/v1/chat/completions", raw, ChatCompletionRequest)
         check_chat_limits(body, config.limits)
         if body.learn:
             require_admin(request, "Learning from a request (learn: true)", param="learn")
         if body.model == AGENT_MODEL and self._agent_chat is not None:
+            refuse_raw_only_fields(body)
             return await self._admitted(request, body, f"route:{AGENT_MODEL}",
                                         config.admission.max_concurrent_research, self._research)
         self._chat.check_model(body.model)
@@ -67,7 +71,7 @@ class ChatHandlers:
     async def _admitted(self, request: Request, body: ChatCompletionRequest, key: str, limit: int,
                         handler: Callable[[Request, ChatCompletionRequest], Awaitable[Response]]) -> Response:
         """Run ``handler`` in a slot of ``key``; a stream keeps its slot until it ends."""
-        self._admission.acquire(key, limit, param="model")
+        await self._admission.acquire(key, limit, param="model", request=request)
         try:
             response = await handler(request, body)
         except BaseException:

@@ -51,7 +51,7 @@ class HealthHandlers:
         return json_response({"status": "ok"})
 
     async def prometheus(self, request: Request) -> Response:
-        return Response(self._metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(self._metrics.render(), media_type=self._metrics.content_type)
 
 
 def waiting_line(code: str, component: Readiness) -> str:

@@ -105,7 +105,7 @@ def learner_routes(learner: TestTimeLearner, client: Any, config: ServerConfig |
         _check(role)
         body: GRPORequest = await read_json(request, config.max_body_bytes, decoder)
         check_grpo_limits(body, config.limits)
-        with admission.slot("route:admin", config.admission.max_concurrent_admin):
+        async with admission.slot("route:admin", config.admission.max_concurrent_admin):
             samples = await _samples(role, body)
             try:
                 report = await learner.update(samples)
@@ -116,7 +116,7 @@ def learner_routes(learner: TestTimeLearner, client: Any, config: ServerConfig |
     async def rollback(request: Request) -> Response:
         role = request.path_params["role"]
         _check(role)
-        with admission.slot("route:admin", config.admission.max_concurrent_admin):
+        async with admission.slot("route:admin", config.admission.max_concurrent_admin):
             try:
                 version = await learner.rollback()
             except AdapterError as err:

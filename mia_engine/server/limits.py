@@ -6,6 +6,7 @@ import msgspec
 
 from ..config import LimitsConfig
 from .errors import BadRequest
+from .completion_bodies import CompletionRequest
 from .openai_bodies import ChatCompletionRequest
 
 
@@ -21,12 +22,14 @@ def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig) -> N
             raise _over(param, f"{param} = {value}", limits.max_tokens)
     if request.rollouts is not None and request.rollouts > limits.max_rollouts:
         raise _over("rollouts", f"rollouts = {request.rollouts}", limits.max_rollouts)
-    _check_stop(request.stop, limits)
-    _check_structured(request, limits)
+    check_stop(request.stop, limits)
+    check_structured(request, limits)
+    if request.tools:  # under tool_choice required, every tool's schema is compiled together into one grammar
+        _check_schema("tools", [tool.function.parameters for tool in request.tools], limits)
     _check_ground_truth(request.ground_truth, limits)
 
 
-def _check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
+def check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
     stops = [stop] if isinstance(stop, str) else stop or []
     if len(stops) > limits.max_stop_sequences:
         raise _over("stop", f"{len(stops)} stop sequences", limits.max_stop_sequences)
@@ -34,7 +37,7 @@ def _check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
         raise _over("stop", "A stop sequence's length", limits.max_stop_chars)
 
 
-def _check_structured(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
+def check_structured(request: ChatCompletionRequest | CompletionRequest, limits: LimitsConfig) -> None:
     so, fmt = request.structured_outputs, request.response_format
     if so is not None:
         if so.regex is not None and len(so.regex) > limits.max_regex_chars:
@@ -49,7 +52,7 @@ def _check_structured(request: ChatCompletionRequest, limits: LimitsConfig) -> N
         _check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits)
 
 
-def _check_schema(param: str, schema: dict | str | None, limits: LimitsConfig) -> None:
+def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsConfig) -> None:
     if schema is None:
         return
     size = len(schema.encode()) if isinstance(schema, str) else len(msgspec.json.encode(schema))

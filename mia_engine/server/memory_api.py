@@ -117,7 +117,7 @@ class _Guard:
     def __call__(self, handler: Handler) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
-                with self._admission.slot("route:memory", self._limit):
+                async with self._admission.slot("route:memory", self._limit):
                     return await handler(request)
             except APIError as err:
                 return err.to_response()

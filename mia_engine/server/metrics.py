@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+                               ProcessCollector, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+
+if TYPE_CHECKING:
+    from .admission import Admission
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+    """The media type of ``render``'s text (Prometheus' text exposition format)."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        add_process_collectors(self.registry)
         self.requests = Counter("mia_requests", "Chat requests by model and outcome",
                                 ["model", "status"], registry=self.registry)
         self.prompt_tokens = Counter("mia_prompt_tokens", "Prompt tokens by model", ["model"],
@@ -48,6 +58,7 @@ class Metrics:
         self.role_requests = Counter("mia_role_requests", "Engine requests by role", ["role"], registry=self.registry)
         self.role_images = Counter("mia_role_images", "Images sent to the engine by role", ["role"],
                                    registry=self.registry)
+        self._admission_collector: AdmissionCollector | None = None
 
     def stage_started(self, stage: str) -> None:
         self.stage_in_flight.labels(stage).inc()
@@ -72,5 +83,66 @@ class Metrics:
         if report.is_published:
             self.learner_publish.observe(report.publish_seconds)
 
+    def watch_admission(self, admission: Admission) -> None:
+        """Export ``admission``'s queues (depth, running, wait, rejections per key) at each scrape."""
+        if self._admission_collector is not None:
+            self.registry.unregister(self._admission_collector)
+        self._admission_collector = AdmissionCollector(admission)
+        self.registry.register(self._admission_collector)
+
+    def watch_engines(self, engines: Mapping[str, Any]) -> None:
+        """Export vLLM's own ``vllm:*`` series of every engine in ``engines`` (read at each scrape, so engines
+        that come up later count; each has a ``metrics_registry``)."""
+        self.registry.register(EngineSeriesCollector(engines))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class AdmissionCollector:
+    """The admission queues per key (``model:planner``, ``route:mia``, ``server:bodies``), read at scrape time."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        admission = self._admission
+        queued = GaugeMetricFamily("mia_admission_queued", "Requests waiting for a slot by key", labels=["key"])
+        running = GaugeMetricFamily("mia_admission_running", "Requests holding a slot by key", labels=["key"])
+        wait = SummaryMetricFamily("mia_admission_wait_seconds", "Time admitted requests waited for a slot by key",
+                                   labels=["key"])
+        rejected = CounterMetricFamily("mia_admission_rejected", "Requests refused with 429 (queue_full, "
+                                       "deadline) or gone while queued (disconnected), by key and reason",
+                                       labels=["key", "reason"])
+        for key in admission.keys():
+            queued.add_metric([key], admission.queued(key))
+            running.add_metric([key], admission.running(key))
+            stats = admission.stats.get(key)
+            if stats is not None:
+                wait.add_metric([key], stats.num_admitted, stats.wait_seconds)
+                for reason, count in stats.num_rejected.items():
+                    rejected.add_metric([key, reason], count)
+        yield from (queued, running, wait, rejected)
+
+
+def add_process_collectors(registry: CollectorRegistry) -> None:
+    """This process's RSS, CPU time, open files (``process_*``) and Python version (``python_info``)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+
+
+class EngineSeriesCollector:
+    """vLLM's ``vllm:*`` series of every engine, one family per name with every engine's samples (each engine
+    fills its own registry: vLLM's stat logger keeps one set of series per engine)."""
+
+    def __init__(self, engines: Mapping[str, Any]) -> None:
+        self._engines = engines
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for engine in list(self._engines.values()):
+            for family in engine.metrics_registry.collect():
+                merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                                 family.unit))
+                merged.samples.extend(family.samples)
+        yield from families.values()

@@ -28,10 +28,50 @@ class ImagePart(msgspec.Struct, tag_field="type", tag="image_url"):
 ContentPart = TextPart | ImagePart
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn's calls, handed back to the chat template in a conversation that continues."""
+    tool_call_id: str | None = None
+    """The call a ``tool`` message answers."""
+
+
+class FunctionDefinition(msgspec.Struct):
+    name: Annotated[str, Meta(min_length=1)]
+    description: str | None = None
+    parameters: dict | None = None
+    """The arguments' JSON schema (none: no arguments)."""
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(msgspec.Struct):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    """``tool_choice`` naming the function to call."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(msgspec.Struct):
@@ -75,11 +115,29 @@ class ChatCompletionRequest(msgspec.Struct):
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string) -> bias added to its logit, clamped to [-100, 100] (as vLLM does)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """Default: ``auto`` with ``tools``, else ``none``; ``required`` and a named function are enforced by
+    structured outputs (as vLLM does); ``auto`` needs a tool-call parser, which this server has not."""
+    parallel_tool_calls: bool | None = None
+    """``false``: at most one call under ``tool_choice: required``."""
+    functions: list | None = None
+    """OpenAI's deprecated function calling: refused (use ``tools``)."""
+    function_call: str | dict | None = None
+    """OpenAI's deprecated function calling: refused (use ``tool_choice``)."""
+    # vLLM's sampling extensions.
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    ignore_eos: bool = False
     # Research-agent fields (model ``mia``); ignored by the raw roles.
     ground_truth: str | list[str] | None = None
     """Acceptable answers: the judge grades against them (supervised)."""
@@ -114,6 +172,7 @@ class ChoiceLogprobs(msgspec.Struct):
 class AssistantMessage(msgspec.Struct):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Choice(msgspec.Struct):
@@ -140,9 +199,17 @@ class ChatCompletion(msgspec.Struct):
     """The research agent's trace (model ``mia`` only)."""
 
 
+class DeltaToolCall(msgspec.Struct):
+    index: int
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
     reasoning_content: str | None = None
     """Progress of the research agent, one line per stage, as reasoning models stream their thinking."""
 

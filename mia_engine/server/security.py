@@ -2,13 +2,16 @@
 
 One ASGI middleware, in front of every route:
 - **Host check** (DNS rebinding): the ``Host`` header must name this server (``ServerConfig.allowed_hosts``;
-  by default the loopback names and the bind address), else 400 ``invalid_host``.
+  by default the loopback names and the bind address), else 400 ``invalid_host``. A non-loopback bind with an
+  API key accepts any Host by default: clients and probes use the box's IP or DNS name, and the key, which a
+  rebinding page cannot send, is the protection there.
 - **JSON only**: a POST/PUT/PATCH must say ``Content-Type: application/json`` (the memory import also takes
   JSON lines), else 415. Those types are not "simple" in the CORS sense, so a cross-site page cannot send
   them without a preflight, which this server never grants.
 - **Keys and scopes**: ``/v1`` needs ``Authorization: Bearer <api_key>`` when one is set; the admin key
   also opens the admin scope (adapters, learning, memory writes/imports/exports), which handlers demand
-  with ``require_admin``.
+  with ``require_admin``. On a keyed non-loopback bind ``/metrics`` needs the key too (``/health`` never does,
+  so load balancers can probe it).
 """
 
 from __future__ import annotations
@@ -30,8 +33,14 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def allowed_host_names(config: ServerConfig) -> frozenset[str]:
-    names = set(config.allowed_hosts) or {*LOOPBACK_NAMES, config.host}
+    """``allowed_hosts``, else ``*`` on a keyed non-loopback bind, else the loopback names and the bind address."""
+    names = set(config.allowed_hosts) or ({"*"} if is_keyed_public(config) else {*LOOPBACK_NAMES, config.host})
     return frozenset(name.lower().strip("[]") for name in names)
+
+
+def is_keyed_public(config: ServerConfig) -> bool:
+    """A non-loopback bind guarded by ``api_key``: the key, not the Host header, keeps strangers out."""
+    return bool(config.api_key) and not config.is_loopback()
 
 
 def host_name(header: str) -> str:
@@ -48,6 +57,7 @@ class SecurityMiddleware:
         self.hosts = allowed_host_names(config)
         self.user_key = f"Bearer {config.api_key}".encode() if config.api_key else None
         self.admin_key = f"Bearer {config.admin_api_key}".encode() if config.admin_api_key else None
+        self.keyed_prefixes = ("/v1", "/metrics") if is_keyed_public(config) else ("/v1",)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,7 +89,7 @@ class SecurityMiddleware:
             return "admin"
         if self.user_key is not None and hmac.compare_digest(sent, self.user_key):
             return "user"
-        if self.user_key is not None and path.startswith("/v1"):
+        if self.user_key is not None and path.startswith(self.keyed_prefixes):
             raise Unauthorized("Missing or invalid API key (send 'Authorization: Bearer <key>').",
                                code="invalid_api_key")
         return "user" if self.admin_key is not None or self.user_key is not None else "admin"

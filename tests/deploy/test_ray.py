@@ -1,4 +1,4 @@
-"""Past one box: an engine on vLLM's Ray executor (README "Past one box").
+"""Past one box: an engine on vLLM's Ray executor (docs/DEPLOY_8GPU.md, "Past one box").
 
 vLLM's CPU build has no Ray executor (its CPU platform declares no Ray device), so what runs here is
 what the recipe rests on: the config refuses learner folders that the Ray workers on other nodes cannot
@@ -82,7 +82,7 @@ def _at(value: object, tmp_path: Path) -> object:
     return value.replace("{tmp}", str(tmp_path)) if isinstance(value, str) else value
 
 
-# --- the dry run of the README's example: the 32B Manager on two other 8-GPU nodes ---
+# --- the dry run of the example in docs/DEPLOY_8GPU.md: the 32B Manager on two other 8-GPU nodes ---
 
 def _plan_ray_manager(**overrides: object):
     ray = {"engines.qwen3-32b.executor_backend": "ray", "engines.qwen3-32b.devices": [],
@@ -156,5 +156,5 @@ def test_serve_refuses_a_ray_engine_without_a_cluster_address(capsys: pytest.Cap
     assert _preflight(config, environ={}) == 2
     assert capsys.readouterr().err.strip() == (
         "python -m mia_engine: error: engines.tiny.executor_backend: 'ray' needs the cluster's address: export "
-        "RAY_ADDRESS=<head node>:6379 (README, 'Past one box')")
+        "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')")
     assert _preflight(load_config("tiny"), environ={}) == 0

@@ -121,3 +121,73 @@ def test_keys_from_the_environment_or_a_file(tmp_path: Path) -> None:
         parse_config([*argv, "--api-key-file", str(tmp_path / "missing")], environ={})
     _, config = parse_config([*argv, "--server.allow_unauthenticated_bind=true"], environ={})
     assert config.server.api_key == "" and config.server.allow_unauthenticated_bind
+
+
+def _public_ip() -> str | None:
+    """This machine's non-loopback IPv4 address (the route's source address; no packet is sent), if any."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+@pytest.fixture(scope="module")
+def by_ip(public_server) -> tuple[str, dict[str, str]]:
+    """The keyed 0.0.0.0 server as a remote client reaches it: its URL by this machine's IP when it has one
+    (the Host header is then that IP), else its loopback URL with a foreign ``Host`` header."""
+    port = public_server.base_url.rsplit(":", 1)[1]
+    address = _public_ip()
+    if address is not None:
+        return f"http://{address}:{port}", {}
+    return public_server.base_url, {"Host": f"203.0.113.7:{port}"}
+
+
+def test_a_keyed_public_server_answers_any_host(public_server, by_ip) -> None:
+    """A keyed 0.0.0.0 server (as configs/8xgpu.toml deploys) answers clients and probes that use the box's
+    IP or DNS name; the key keeps the rest out and keeps ``/metrics`` closed."""
+    from openai import OpenAI
+
+    url, host = by_ip
+    key = _headers(public_server.api_key)
+    assert httpx.get(f"{url}/health", headers=host).status_code == 200  # load-balancer probe, no key
+    assert httpx.get(f"{url}/metrics", headers=host).status_code == 401
+    metrics = httpx.get(f"{url}/metrics", headers={**host, **key})
+    assert metrics.status_code == 200 and "mia_admission_" in metrics.text
+    assert httpx.get(f"{url}/v1/models", headers={**host, **_headers("wrong")}).status_code == 401
+    body = {"model": "planner", "messages": PROMPT, "max_tokens": 4}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers={**host, **key}, timeout=120)
+    assert response.status_code == 200, response.text
+    client = OpenAI(base_url=f"{url}/v1", api_key=public_server.api_key, default_headers=host, max_retries=0,
+                    timeout=120)
+    assert client.chat.completions.create(**body).choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("host", ["192.0.2.2:8000", "evil.example"])
+def test_a_loopback_server_without_a_key_refuses_a_foreign_host(host: str) -> None:
+    from starlette.testclient import TestClient
+
+    from mia_engine.config import ServerConfig
+    from mia_engine.server.app import build_app
+
+    from .test_openapi import _Engine
+
+    client = TestClient(build_app(_Engine(), ServerConfig()))  # type: ignore[arg-type]
+    response = client.get("/health", headers={"Host": host})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_host"
+    assert client.get("/health", headers={"Host": "127.0.0.1:8000"}).status_code != 400
+
+
+def test_which_hosts_each_bind_accepts() -> None:
+    from mia_engine.config import ServerConfig
+    from mia_engine.server.security import allowed_host_names
+
+    assert allowed_host_names(ServerConfig(host="0.0.0.0", api_key="k")) == {"*"}  # the key protects it
+    assert "*" not in allowed_host_names(ServerConfig(host="127.0.0.1", api_key="k"))  # loopback: guard kept
+    assert "*" not in allowed_host_names(ServerConfig(host="0.0.0.0", allow_unauthenticated_bind=True))
+    assert allowed_host_names(ServerConfig(host="0.0.0.0", api_key="k", allowed_hosts=["mia.example"])) \
+        == {"mia.example"}

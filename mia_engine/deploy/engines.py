@@ -1,0 +1,26 @@
+"""``serve``'s preflight of the engines: each model resolves, each ``vllm`` table is vLLM's (before any start)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import ConfigError, MIAConfig
+from ..engines.engine_args import check_engine_tables
+from ..models.embedded import is_embedded
+
+
+def check_engines(config: MIAConfig, model_dir: Callable[[str], Path]) -> None:
+    """Raise ``ConfigError`` naming the field: an ``engines.<name>.model`` that is neither a folder nor a
+    cached Hugging Face id (embedded models are built at start, not here), or a bad ``vllm`` key."""
+    for name, engine in config.engines.items():
+        if is_embedded(engine.model):
+            continue
+        try:
+            model_dir(engine.model)
+        except FileNotFoundError as err:
+            raise ConfigError(f"engines.{name}.model: {err}") from None
+    try:
+        check_engine_tables(config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

@@ -1,0 +1,27 @@
+"""The request fields a route does not know: logged (as vLLM logs them) instead of dropped without a word.
+
+Unknown fields are accepted, so that newer clients keep working; a warning names them, so that a field
+the caller relies on (a vLLM extension this server does not implement) is visible in the server log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def warn_ignored(route: str, body: bytes, struct_type: type[msgspec.Struct]) -> None:
+    """Log the top-level keys of ``body`` (an already validated JSON object) that ``struct_type`` lacks."""
+    try:
+        keys = _KEYS.decode(body)
+    except msgspec.DecodeError:  # validated already; nothing to say
+        return
+    ignored = sorted(set(keys) - set(struct_type.__struct_fields__))
+    if ignored:
+        log.warning("%s: the request's fields %s are not supported here and were ignored", route,
+                    ", ".join(ignored))

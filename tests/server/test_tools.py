@@ -1,0 +1,109 @@
+"""``tools`` / ``tool_choice`` on the raw roles: ``required`` and a named function through structured outputs,
+everything else a 400 naming the field, never dropped."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.conftest import ServerHandle
+
+CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+CITIES = ["Paris", "Rome", "Lima"]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": CITIES}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}},
+                                       "required": ["utc"], "additionalProperties": False}}}
+
+
+def _check_call(call, tools: dict[str, dict]) -> None:
+    assert call.type == "function" and call.id
+    assert call.function.name in tools
+    arguments = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert arguments["city"] in CITIES
+    else:
+        assert isinstance(arguments["utc"], bool)
+
+
+def test_required_gives_tool_calls_matching_the_schema(openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(model="executor", messages=CHAT, tools=[WEATHER, TIME],
+                                                tool_choice="required", parallel_tool_calls=False, max_tokens=200,
+                                                temperature=0)  # one call: the random model would list calls on
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert len(choice.message.tool_calls) == 1
+    for call in choice.message.tool_calls:
+        _check_call(call, {"get_weather": WEATHER, "get_time": TIME})
+
+
+def test_named_function_is_called(openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(
+        model="planner", messages=CHAT, tools=[WEATHER, TIME], max_tokens=200, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    _check_call(call, {"get_weather": WEATHER})
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_required_streams_its_calls(openai_client: OpenAI) -> None:
+    chunks = list(openai_client.chat.completions.create(
+        model="executor", messages=CHAT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=200, temperature=0, stream=True, logprobs=True))
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    (last,) = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(last.logprobs.content) > 5  # every token of the call, held back with it
+    assert calls and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments)["city"] in CITIES
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_result_continues_the_conversation(openai_client: OpenAI) -> None:
+    """A conversation with an assistant's call and the tool's answer is accepted (the tiny model's template
+    renders neither tools nor calls, so their effect on the prompt is checked in the next test)."""
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "sunny, 21 C"}]
+    out = openai_client.chat.completions.create(model="planner", messages=messages, tools=[WEATHER],
+                                                tool_choice="none", max_tokens=4, temperature=0)
+    assert out.choices[0].message.tool_calls is None and isinstance(out.choices[0].message.content, str)
+
+
+def test_calls_and_call_ids_are_handed_to_the_template() -> None:
+    from mia_engine.server.chat import flatten_message, with_tool_fields
+    from mia_engine.server.openai_bodies import ChatMessage, FunctionCall, ToolCall
+
+    call = ToolCall("call-1", FunctionCall("get_weather", '{"city": "Paris"}'))
+    assistant = ChatMessage("assistant", None, tool_calls=[call])
+    rendered = with_tool_fields(assistant, flatten_message(0, assistant))
+    assert rendered == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call-1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}, "type": "function"}]}
+    answer = ChatMessage("tool", "sunny", tool_call_id="call-1")
+    assert with_tool_fields(answer, flatten_message(1, answer))["tool_call_id"] == "call-1"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": [WEATHER]}, "tool_choice"),  # auto, the default with tools: no tool-call parser here
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"functions": [WEATHER["function"]]}, "functions"),
+    ({"model": "mia", "tools": [WEATHER], "tool_choice": "required"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "big", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "enum": [f"v{i}" for i in range(4000)]}}}}}],
+      "tool_choice": "required"}, "tools"),  # over limits.max_json_schema_bytes
+])
+def test_unsupported_tool_use_is_a_400_naming_the_field(tiny_server: ServerHandle, body: dict, param: str) -> None:
+    response = httpx.post(f"{tiny_server.openai_url}/chat/completions", timeout=60,
+                          headers={"Authorization": f"Bearer {tiny_server.api_key}"},
+                          json={"model": "planner", "messages": CHAT, "max_tokens": 8, **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
