@@ -331,7 +331,7 @@ def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list
     the error (and the per-GPU table) to stderr and returns None."""
     from .deploy.adapters import check_role_adapters
     from .deploy.budget import OverCommitted, plan, plans_gpus
-    from .deploy.engines import check_engines
+    from .deploy.engines import check_engine_parsers, check_engines
     from .deploy.report import render_memory
     from .models.cache import default_home
     from .models.embedded import adapter_dir, model_dir
@@ -343,6 +343,7 @@ def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list
         adapter_lines = check_role_adapters(config, models, lambda spec, base: adapter_dir(spec, base, home),
                                             include_embedded=is_dry_run)
         result = plan(config, models) if is_dry_run or plans_gpus(config) else None
+        check_engine_parsers(config)  # last: it imports vLLM
     except OverCommitted as err:
         print(render_memory(err.plan), file=sys.stderr)
         print(f"{PROG}: error: {err}", file=sys.stderr)

@@ -248,6 +248,12 @@ class EngineConfig(Frozen):
     cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
     """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
     slices together, ``engines/cpu/lora_ops.py``) or vLLM's own per-token gather. No effect on GPU."""
+    tool_call_parser: str = ""
+    """vLLM's tool-call parser for this engine's models (``vllm serve --enable-auto-tool-choice
+    --tool-call-parser``): with one, ``tool_choice: "auto"`` (the default when a request gives ``tools``)
+    generates freely and the parser reads the model's own call syntax into ``tool_calls`` (``hermes`` for
+    Qwen2.5 and Qwen3); empty = ``auto`` is refused with a 400 naming ``tool_choice``, since nothing could read
+    the calls. A name vLLM does not register is refused before any engine starts."""
     vllm: dict[str, Any] = {}
     """Further vLLM engine arguments (``AsyncEngineArgs`` fields: ``quantization``, ``kv_cache_dtype``,
     ``max_logprobs``, ...), passed through as given; a key that is not one of vLLM's is refused before any

@@ -99,5 +99,5 @@ def serve(config: MIAConfig, prog: str) -> int:
         return 0
     if failure is None:
         return 0
-    print(f"{prog}: error: {failure}", file=sys.stderr)
+    print(f"{prog}: error: {' '.join(failure.split())}", file=sys.stderr)  # one line: the traceback is logged
     return 1

@@ -1,4 +1,5 @@
-"""``serve``'s preflight of the engines: each model resolves, each ``vllm`` table is vLLM's (before any start)."""
+"""``serve``'s preflight of the engines: each model resolves, each ``vllm`` table and ``tool_call_parser`` is
+vLLM's (before any start)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from ..config import ConfigError, MIAConfig
 from ..engines.engine_args import check_engine_tables
+from ..engines.tool_parsers import check_tool_call_parsers
 from ..models.embedded import is_embedded
 
 
@@ -22,5 +24,15 @@ def check_engines(config: MIAConfig, model_dir: Callable[[str], Path]) -> None:
             raise ConfigError(f"engines.{name}.model: {err}") from None
     try:
         check_engine_tables(config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_engine_parsers(config: MIAConfig) -> None:
+    """Raise ``ConfigError`` naming an ``engines.<name>.tool_call_parser`` vLLM does not register. The
+    preflight runs it after the checks that need no vLLM: importing vLLM's parser registry logs on some
+    platforms (a CPU build without Triton's CPU backend), which would otherwise come before their errors."""
+    try:
+        check_tool_call_parsers(config)
     except ValueError as err:
         raise ConfigError(str(err)) from None

@@ -67,6 +67,8 @@ class SamplingOptions(msgspec.Struct, frozen=True):
     """Constrain the output to this regular expression (structured outputs)."""
     json_schema: dict | None = None
     """Constrain the output to JSON of this schema (structured outputs)."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the text (vLLM's default); a tool-call parser may need its tags kept."""
     affinity_key: str | None = None
     """Requests with the same key go to the same data-parallel replica (``EngineConfig.routing``): the
     agent passes its rollout id so a rollout's later turns reuse the replica's prefix cache."""
@@ -94,6 +96,24 @@ class CompletionDelta(msgspec.Struct):
     token_ids: list[int] = []
     """The sampled token ids behind ``text`` (the end-of-sequence token included when it was sampled):
     the learner trains on exactly these, and a conversation continued in token space stays on-policy."""
+
+
+class ParsedToolCall(msgspec.Struct, frozen=True):
+    """One call a tool-call parser read from a completion."""
+
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+    id: str | None = None
+    """The parser's call id (None: the server makes one)."""
+
+
+class ExtractedToolCalls(msgspec.Struct, frozen=True):
+    """A finished completion read by a tool-call parser: its calls and the content around them."""
+
+    content: str | None
+    calls: list[ParsedToolCall]
+    """Empty: the model called no tool (``content`` is then the whole text)."""
 
 
 class EngineClient(Protocol):
@@ -131,6 +151,21 @@ class EngineClient(Protocol):
     async def detokenize(self, model: str, token_ids: list[int]) -> str:
         """The text of ``token_ids`` under the model's tokenizer; raises ``ValueError`` for an id out of
         its vocabulary."""
+        ...
+
+    def parses_tool_calls(self, model: str) -> bool:
+        """``model``'s engine has a tool-call parser (``EngineConfig.tool_call_parser``), so it can answer
+        ``tool_choice: "auto"``."""
+        ...
+
+    def skips_special_tokens(self, model: str, tools: list[dict[str, Any]]) -> bool:
+        """Whether an ``auto`` completion with these ``tools`` may be detokenized without special tokens
+        (False where the engine's tool-call parser needs its call tags, which some models mark special)."""
+        ...
+
+    async def extract_tool_calls(self, model: str, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
+        """The tool calls in a finished ``auto`` completion, read by ``model``'s engine's tool-call parser
+        (off the event loop)."""
         ...
 
     def generate(

@@ -26,9 +26,10 @@ from ..config import MIAConfig, SamplingDefaults, resolve_role
 from ..models.cache import default_home
 from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
-from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelCard,
-                     SamplingOptions, TokenLogprob, TopLogprob)
+from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, ExtractedToolCalls, InvalidGeneration,
+                     ModelCard, SamplingOptions, TokenLogprob, TopLogprob)
 from .startup import applied_env, process_state_kept, spawn_env, start_groups, use_spawn
+from .tool_parsers import ToolCallParser, check_tool_call_parsers
 from .vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class RoleServer:
         self.adapters = AdapterRegistry()
         self.engines: dict[str, VLLMEngine] = {}
         self._targets: dict[str, RoleTarget] = {}
+        self._tool_parsers: dict[str, ToolCallParser] = {}
+        """Engine name -> its tool-call parser (engines with ``tool_call_parser`` set)."""
         self._is_started = False
         self._error: str | None = None
         self.initial_adapters: dict[str, Path] = {}
@@ -85,6 +88,7 @@ class RoleServer:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         config_lock = threading.Lock()
+        check_tool_call_parsers(self.config)  # before any engine starts
         envs = {name: spawn_env(self.config, name) for name in self.config.engines}
         for group in start_groups(self.config.engines, envs):
             engines = []
@@ -100,6 +104,10 @@ class RoleServer:
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
+            for engine in engines:
+                if engine.config.tool_call_parser:
+                    self._tool_parsers[engine.name] = ToolCallParser(engine.name, engine.config.tool_call_parser,
+                                                                     engine.tokenizer)
         for name in self.config.roles:
             canonical, role = resolve_role(self.config, name)
             engine = self.engines[role.engine]
@@ -197,6 +205,17 @@ class RoleServer:
             raise ValueError(f"token id {bad[0]} is out of the vocabulary (0 to {vocab_size - 1})")
         return await asyncio.get_running_loop().run_in_executor(None, tokenizer.decode, token_ids)
 
+    def parses_tool_calls(self, model: str) -> bool:
+        target = self._targets.get(model)
+        return target is not None and target.engine.name in self._tool_parsers
+
+    def skips_special_tokens(self, model: str, tools: list[dict[str, Any]]) -> bool:
+        return self._tool_parsers[self._targets[model].engine.name].skips_special_tokens(tools)
+
+    async def extract_tool_calls(self, model: str, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
+        parser = self._tool_parsers[self._targets[model].engine.name]
+        return await asyncio.get_running_loop().run_in_executor(None, parser.extract, text, tools)
+
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         target = self._targets[model]
 
@@ -292,6 +311,7 @@ def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream
         seed=options.seed,
         logprobs=options.logprobs,
         structured_outputs=structured,
+        skip_special_tokens=options.skip_special_tokens,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
 

@@ -91,6 +91,9 @@ class Embedder:
         self._dim = 0
         self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=config.max_queued_requests)
         self._loaded: Future[None] = Future()
+        self._closed = False
+        """Set by ``close`` (under ``_closing``): no request is queued behind the worker's stop mark."""
+        self._closing = threading.Lock()
         self._worker = threading.Thread(target=self._serve, name="memory-embedder", daemon=True)
         self._worker.start()
         self._loaded.result()  # raises the load's error, if any
@@ -115,18 +118,25 @@ class Embedder:
         return await asyncio.wrap_future(self._submit(texts))
 
     def close(self) -> None:
-        """Stop the encoder thread after the requests already queued."""
-        if self._worker.is_alive():
-            self._queue.put(None)
-            self._worker.join()
+        """Stop the encoder thread after the requests already queued; later ones fail at once (a blocked
+        caller, e.g. an index build still running at shutdown, would otherwise wait for ever)."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            if self._worker.is_alive():
+                self._queue.put(None)
+        self._worker.join()
 
     def _submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
         request = _Request(list(texts))
         if not request.texts:
             request.future.set_result(np.zeros((0, self._dim), dtype=np.float32))
-        elif not self._worker.is_alive():
-            request.future.set_exception(RuntimeError("the embedder is closed"))
-        else:
+            return request.future
+        with self._closing:
+            if self._closed or not self._worker.is_alive():
+                request.future.set_exception(RuntimeError("the embedder is closed"))
+                return request.future
             try:
                 self._queue.put_nowait(request)
             except queue.Full:  # a bounded queue: an overload is refused at once, never buffered

@@ -21,7 +21,7 @@ from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                             Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaToolCall, TextPart, TokenLogprobOut,
                             TopLogprobOut, Usage)
-from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, tool_mode
+from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, parsed_tool_calls, tool_mode
 
 
 class PreparedChat(msgspec.Struct):
@@ -65,7 +65,7 @@ class ChatService:
                                  "model); send images to a vision-language role or to `mia`.",
                                  param=image_param(*parts[0][:2]), code="images_not_supported")
             images = [item.image for item in await load_images(request.messages, self.config.images)]
-        tools = tool_mode(request)
+        tools = tool_mode(request, can_parse=bool(request.tools) and self.client.parses_tool_calls(request.model))
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
         try:
@@ -79,7 +79,10 @@ class ChatService:
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
-        return PreparedChat(request, prompt_ids, _options(request, max_tokens, tools),
+        options = _options(request, max_tokens, tools)
+        if tools.parses and tools.tools and not self.client.skips_special_tokens(request.model, tools.tools):
+            options = msgspec.structs.replace(options, skip_special_tokens=False)
+        return PreparedChat(request, prompt_ids, options,
                             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
 
     def check_model(self, model: str) -> None:
@@ -115,14 +118,17 @@ class ChatService:
             async for deltas in rest:
                 finals = deltas
         want_logprobs = chat.options.logprobs is not None
-        choices = [Choice(d.index, *_message(chat.tools, d.text, d.finish_reason),
+        choices = [Choice(d.index, *await self._answer(chat, d.text, d.finish_reason),
                           _choice_logprobs(d.logprobs) if want_logprobs else None)
                    for d in sorted(finals, key=lambda d: d.index)]
         usage = usage_of(chat, sum(d.num_tokens for d in finals))
         return msgspec.json.encode(ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage))
 
     async def stream(self, chat: PreparedChat, generation: Generation) -> AsyncIterator[bytes]:
-        """Server-sent events: a role chunk, content chunks, an optional usage chunk, ``[DONE]``.
+        """Server-sent events: a role chunk, content chunks, an optional usage chunk, ``[DONE]``. Under
+        ``tool_choice`` ``required``, a named function or ``auto``, a completion is held back and sent whole
+        in its last chunk, as ``tool_calls`` when it holds calls, else as content (``auto``'s parser reads the
+        finished text only).
 
         An engine failure after the first token cannot change the status code any more: it is sent as
         an ``{"error": ...}`` event, as OpenAI and vLLM do."""
@@ -137,9 +143,9 @@ class ChatService:
                 async for deltas in chain(generation.first, rest):
                     for d in deltas:
                         num_tokens += d.num_tokens
-                        choice = _tool_chunk(chat.tools, held[d.index], d) if chat.tools.calls_tools else ChunkChoice(
-                            d.index, Delta(content=d.text), d.finish_reason,
-                            _choice_logprobs(d.logprobs) if d.logprobs is not None else None)
+                        choice = await self._tool_chunk(chat, held[d.index], d) if chat.tools.is_read_whole \
+                            else ChunkChoice(d.index, Delta(content=d.text), d.finish_reason,
+                                             _choice_logprobs(d.logprobs) if d.logprobs is not None else None)
                         if choice is not None:
                             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
             except (InvalidGeneration, EngineUnavailable) as err:
@@ -149,6 +155,36 @@ class ChatService:
             usage = usage_of(chat, num_tokens)
             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [], usage)))
         yield b"data: [DONE]\n\n"
+
+    async def _answer(self, chat: PreparedChat, text: str,
+                      finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
+        """The assistant message of a whole completion and its finish reason: under ``auto`` the engine's
+        tool-call parser reads the calls (``tool_calls`` when it found some, as vLLM answers)."""
+        if not chat.tools.parses or not chat.tools.tools:
+            return _message(chat.tools, text, finish_reason)
+        found = await self.client.extract_tool_calls(chat.request.model, text, chat.tools.tools)
+        calls = parsed_tool_calls(found, chat.request.parallel_tool_calls)
+        if calls is None:
+            return AssistantMessage(content=found.content), finish_reason
+        return AssistantMessage(content=found.content, tool_calls=calls), "tool_calls"
+
+    async def _tool_chunk(self, chat: PreparedChat, held: CompletionDelta,
+                          delta: CompletionDelta) -> ChunkChoice | None:
+        """A completion read whole (``ToolMode.is_read_whole``) is sent in one chunk when it ends: ``delta``
+        is added to ``held`` (its text and log-probs so far) and the chunk comes with the last one (None
+        before)."""
+        held.text += delta.text
+        if held.logprobs is not None:
+            held.logprobs += delta.logprobs or []
+        if delta.finish_reason is None:
+            return None
+        message, reason = await self._answer(chat, held.text, delta.finish_reason)
+        logprobs = _choice_logprobs(held.logprobs) if held.logprobs is not None else None
+        if isinstance(message.tool_calls, list):
+            calls = [DeltaToolCall(i, c.id, c.function) for i, c in enumerate(message.tool_calls)]
+            return ChunkChoice(delta.index, Delta(content=message.content or None, tool_calls=calls), reason,
+                               logprobs)
+        return ChunkChoice(delta.index, Delta(content=message.content or ""), reason, logprobs)
 
     async def _generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                         stream: bool, images: list[Any]) -> AsyncIterator[list[CompletionDelta]]:
@@ -274,22 +310,6 @@ def _message(tools: ToolMode, text: str, finish_reason: str | None) -> tuple[Ass
         return AssistantMessage(content=text), finish_reason
     reason = "tool_calls" if tools.named is None and finish_reason == "stop" else finish_reason
     return AssistantMessage(content="" if tools.named else None, tool_calls=calls), reason
-
-
-def _tool_chunk(tools: ToolMode, held: CompletionDelta, delta: CompletionDelta) -> ChunkChoice | None:
-    """Under ``tool_choice`` required or named, a completion's calls are sent whole when it ends: ``delta`` is
-    added to ``held`` (its text and log-probs so far) and the chunk comes with the last one (None before)."""
-    held.text += delta.text
-    if held.logprobs is not None:
-        held.logprobs += delta.logprobs or []
-    if delta.finish_reason is None:
-        return None
-    message, reason = _message(tools, held.text, delta.finish_reason)
-    logprobs = _choice_logprobs(held.logprobs) if held.logprobs is not None else None
-    if isinstance(message.tool_calls, list):
-        calls = [DeltaToolCall(i, c.id, c.function) for i, c in enumerate(message.tool_calls)]
-        return ChunkChoice(delta.index, Delta(tool_calls=calls), reason, logprobs)
-    return ChunkChoice(delta.index, Delta(content=held.text), reason, logprobs)
 
 
 def constraint(request: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, dict | None]:

@@ -125,9 +125,9 @@ class ChatCompletionRequest(msgspec.Struct):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     """Default: ``auto`` with ``tools``, else ``none``; ``required`` and a named function are enforced by
-    structured outputs (as vLLM does); ``auto`` needs a tool-call parser, which this server has not."""
+    structured outputs (as vLLM does); ``auto`` needs the engine's tool-call parser (a 400 without one)."""
     parallel_tool_calls: bool | None = None
-    """``false``: at most one call under ``tool_choice: required``."""
+    """``false``: at most one call under ``tool_choice`` ``required`` or ``auto``."""
     functions: list | None = None
     """OpenAI's deprecated function calling: refused (use ``tools``)."""
     function_call: str | dict | None = None

@@ -8,7 +8,7 @@ One ASGI middleware, in front of every route:
 - **JSON only**: a POST/PUT/PATCH must say ``Content-Type: application/json`` (the memory import also takes
   JSON lines), else 415. Those types are not "simple" in the CORS sense, so a cross-site page cannot send
   them without a preflight, which this server never grants.
-- **Keys and scopes**: ``/v1`` needs ``Authorization: Bearer <api_key>`` when one is set; the admin key
+- **Keys and scopes**: ``/v1``, ``/tokenize`` and ``/detokenize`` need ``Authorization: Bearer <api_key>`` when one is set; the admin key
   also opens the admin scope (adapters, learning, memory writes/imports/exports), which handlers demand
   with ``require_admin``. On a keyed non-loopback bind ``/metrics`` needs the key too (``/health`` never does,
   so load balancers can probe it).
@@ -30,6 +30,10 @@ SCOPE_KEY = "mia.auth_scope"
 JSON_TYPES = frozenset({"application/json", "application/x-ndjson", "application/jsonl"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+KEYED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+"""Paths that need the API key when one is set: the API, and tokenisation, which costs the engines' CPU."""
 
 
 def allowed_host_names(config: ServerConfig) -> frozenset[str]:
@@ -57,7 +61,7 @@ class SecurityMiddleware:
         self.hosts = allowed_host_names(config)
         self.user_key = f"Bearer {config.api_key}".encode() if config.api_key else None
         self.admin_key = f"Bearer {config.admin_api_key}".encode() if config.admin_api_key else None
-        self.keyed_prefixes = ("/v1", "/metrics") if is_keyed_public(config) else ("/v1",)
+        self.keyed_prefixes = KEYED_PREFIXES + (("/metrics",) if is_keyed_public(config) else ())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -1,10 +1,11 @@
-"""``tools`` / ``tool_choice`` on the raw roles, as vLLM serves them without a tool-call parser.
+"""``tools`` / ``tool_choice`` on the raw roles, as ``vllm serve`` serves them.
 
 ``required`` and a named function are enforced by structured outputs (vLLM does the same for these two):
 the completion is constrained to JSON (a list of ``{"name", "parameters"}`` calls, or the named function's
-arguments) and turned into ``tool_calls``. ``auto`` would need a tool-call parser reading the model's own
-call syntax; this server has none, so it is refused (400 naming ``tool_choice``), as ``vllm serve``
-refuses it without ``--tool-call-parser``.
+arguments) and turned into ``tool_calls``. ``auto`` (the default when ``tools`` are given) generates freely
+and the engine's tool-call parser (``EngineConfig.tool_call_parser``) reads the model's own call syntax
+out of the finished text; on an engine without one it is refused (400 naming ``tool_choice``), as
+``vllm serve`` refuses it without ``--tool-call-parser``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ..engines.client import ExtractedToolCalls
 from .errors import BadRequest
 from .openai_bodies import ChatCompletionRequest, FunctionCall, NamedToolChoice, Tool, ToolCall
 
@@ -29,17 +31,26 @@ class ToolMode(NamedTuple):
     """The JSON schema the completion is constrained to (None: free text)."""
     named: str | None
     """The forced function's name (its arguments are the whole completion)."""
+    parses: bool = False
+    """``auto``: free text, its calls read by the engine's tool-call parser."""
 
     @property
     def calls_tools(self) -> bool:
+        """The completion is constrained to calls (``required`` or a named function)."""
         return self.schema is not None
+
+    @property
+    def is_read_whole(self) -> bool:
+        """The completion becomes ``tool_calls`` only once it is whole (a stream sends it at its end)."""
+        return self.calls_tools or self.parses
 
 
 NO_TOOLS = ToolMode(None, None, None)
 
 
-def tool_mode(request: ChatCompletionRequest) -> ToolMode:
-    """Validate ``tools``/``tool_choice`` (and refuse the deprecated ``functions``/``function_call``)."""
+def tool_mode(request: ChatCompletionRequest, *, can_parse: bool) -> ToolMode:
+    """Validate ``tools``/``tool_choice`` (and refuse the deprecated ``functions``/``function_call``);
+    ``can_parse``: the model's engine has a tool-call parser, so ``auto`` is served."""
     if request.functions is not None:
         raise BadRequest("`functions` is deprecated and not supported; send `tools`.", param="functions")
     if request.function_call is not None:
@@ -52,10 +63,12 @@ def tool_mode(request: ChatCompletionRequest) -> ToolMode:
         return NO_TOOLS
     definitions = [msgspec.to_builtins(tool) for tool in tools]
     if choice is None or choice == "auto":
+        if can_parse:
+            return ToolMode(definitions, None, None, parses=True)
         raise BadRequest(
-            'tool_choice "auto" (the default when `tools` are given) needs a tool-call parser, and this server '
-            'has none for its models; send tool_choice "required", a named function '
-            '({"type": "function", "function": {"name": ...}}) or "none".', param="tool_choice")
+            f'tool_choice "auto" (the default when `tools` are given) needs a tool-call parser, and the engine '
+            f'of `{request.model}` has none (engines.<name>.tool_call_parser); send tool_choice "required", a '
+            'named function ({"type": "function", "function": {"name": ...}}) or "none".', param="tool_choice")
     if choice == "none":
         return ToolMode(definitions, None, None)
     if request.structured_outputs is not None or (request.response_format and request.response_format.type != "text"):
@@ -106,6 +119,15 @@ def parse_tool_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
         arguments = msgspec.json.encode(call.get("parameters", {})).decode()
         result.append(ToolCall(_call_id(), FunctionCall(call["name"], arguments)))
     return result
+
+
+def parsed_tool_calls(found: ExtractedToolCalls, parallel: bool | None) -> list[ToolCall] | None:
+    """The calls a tool-call parser read from an ``auto`` completion, as the API's (only the first with
+    ``parallel_tool_calls: false``, as vLLM answers); None: it called none."""
+    if not found.calls:
+        return None
+    calls = found.calls[:1] if parallel is False else found.calls
+    return [ToolCall(call.id or _call_id(), FunctionCall(call.name, call.arguments)) for call in calls]
 
 
 def _call_id() -> str:

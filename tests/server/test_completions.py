@@ -154,6 +154,8 @@ def test_tokenize_detokenize_round_trip_and_version(tiny_server: ServerHandle, o
     out_of_vocab = _post(tiny_server, "/detokenize", {"model": "planner", "tokens": [10**9]})
     assert out_of_vocab.status_code == 400 and out_of_vocab.json()["error"]["param"] == "tokens"
     assert _post(tiny_server, "/tokenize", {"model": "mia", "prompt": "x"}).json()["error"]["param"] == "model"
+    keyless = httpx.post(f"{tiny_server.base_url}/tokenize", json={"model": "planner", "prompt": PROMPT})
+    assert keyless.status_code == 401  # tokenising costs the engines' CPU: keyed like /v1
     from mia_engine import __version__
 
     version = httpx.get(f"{tiny_server.base_url}/version", headers={"Authorization": f"Bearer {tiny_server.api_key}"})

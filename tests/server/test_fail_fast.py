@@ -56,8 +56,13 @@ def test_a_killed_engine_core_ends_the_server(tmp_path: Path) -> None:
 
 
 def test_an_engine_that_cannot_start_ends_the_server(tmp_path: Path) -> None:
-    """A model folder that does not exist: exit 1, the last line naming the engine's start failure."""
-    server = start_server(tmp_path, "tiny", "--engines.tiny.model=/nonexistent/model")
+    """A model folder that passes the preflight (it has a config.json) but that vLLM cannot load: exit 1,
+    the last line naming the engine's start failure. (A folder that does not exist is refused earlier, by
+    the preflight, with exit 2: ``tests/engines/test_engine_args.py``.)"""
+    broken = tmp_path / "nonexistent_arch_model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "nonexistent_arch", "architectures": ["NoSuchForCausalLM"]}')
+    server = start_server(tmp_path, "tiny", f"--engines.tiny.model={broken}")
     try:
         code = server.process.wait(timeout=120)
     finally:
@@ -67,4 +72,4 @@ def test_an_engine_that_cannot_start_ends_the_server(tmp_path: Path) -> None:
     lines = _error_lines(server)
     assert code == 1, server.log_tail()
     assert len(lines) == 1 and lines[0].startswith("python -m mia_engine: error: engine start failed"), lines
-    assert "nonexistent" in lines[0], lines
+    assert "tokenizer" in lines[0] and lines[0].endswith("to a fast one."), lines  # vLLM's multi-line error, on one line

@@ -1,14 +1,21 @@
 """``tools`` / ``tool_choice`` on the raw roles: ``required`` and a named function through structured outputs,
-everything else a 400 naming the field, never dropped."""
+``auto`` through the engine's tool-call parser (Hermes on the tiny engine), everything else a 400 naming the
+field, never dropped."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import msgspec
 import pytest
 from openai import OpenAI
 
+from mia_engine.config import ServerConfig
+from mia_engine.server.chat import ChatService
+from mia_engine.server.errors import BadRequest
+from mia_engine.server.metrics import Metrics
+from mia_engine.server.openai_bodies import ChatCompletionRequest
 from tests.conftest import ServerHandle
 
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -90,8 +97,6 @@ def test_calls_and_call_ids_are_handed_to_the_template() -> None:
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"tools": [WEATHER]}, "tool_choice"),  # auto, the default with tools: no tool-call parser here
-    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
@@ -107,3 +112,62 @@ def test_unsupported_tool_use_is_a_400_naming_the_field(tiny_server: ServerHandl
                           json={"model": "planner", "messages": CHAT, "max_tokens": 8, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+# ---- tool_choice auto: the engine's tool-call parser ------------------------------------------------------
+
+FORCED_CALL = {"regex": r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)"\}\}</tool_call>'}
+"""Makes the random tiny model write a Hermes call, so the parser has one to read."""
+
+
+def test_auto_is_the_default_and_answers_text_the_parser_finds_no_call_in(openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(model="manager", messages=CHAT, tools=[WEATHER], max_tokens=8,
+                                                temperature=0)
+    choice = out.choices[0]
+    assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+
+
+def test_auto_reads_the_models_own_call_into_tool_calls(openai_client: OpenAI) -> None:
+    out = openai_client.chat.completions.create(model="manager", messages=CHAT, tools=[WEATHER, TIME],
+                                                tool_choice="auto", max_tokens=128, temperature=0,
+                                                extra_body={"structured_outputs": FORCED_CALL})
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    _check_call(call, {"get_weather": WEATHER})
+    assert choice.message.content is None
+
+
+def test_auto_streams_the_parsed_calls_whole_in_the_last_chunk(openai_client: OpenAI) -> None:
+    chunks = list(openai_client.chat.completions.create(
+        model="manager", messages=CHAT, tools=[WEATHER], max_tokens=128, temperature=0, stream=True,
+        extra_body={"structured_outputs": FORCED_CALL}))
+    held = [c.choices[0] for c in chunks if c.choices and (c.choices[0].delta.content or c.choices[0].delta.tool_calls)]
+    (last,) = held
+    (call,) = last.delta.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in CITIES
+    assert last.finish_reason == "tool_calls"
+
+
+class _NoParser:
+    """An engine client whose engines have no tool-call parser (only what ``prepare`` asks before it refuses)."""
+
+    def has_model(self, model: str) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        return True
+
+    def parses_tool_calls(self, model: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+async def test_auto_on_an_engine_without_a_parser_is_a_400_naming_tool_choice(choice: str | None) -> None:
+    chat = ChatService(_NoParser(), ServerConfig(), Metrics())  # type: ignore[arg-type]
+    request = msgspec.convert({"model": "manager", "messages": CHAT, "tools": [WEATHER], "tool_choice": choice},
+                              ChatCompletionRequest)
+    with pytest.raises(BadRequest) as err:
+        await chat.prepare(request)
+    assert err.value.param == "tool_choice" and "tool_call_parser" in err.value.message
