@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -22,3 +24,12 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 60) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def refused_serve(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Run ``serve --config tiny`` with ``overrides`` that its preflight must refuse (nothing starts, so it
+    returns at once); the caller checks the exit code and the last stderr line."""
+    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", "tiny", *overrides,
+           "--data-dir", str(tmp_path / "data"), "--port", "0"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env={"MIA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})

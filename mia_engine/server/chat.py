@@ -273,15 +273,22 @@ def flatten_message(index: int, message: ChatMessage) -> dict[str, Any]:
 
 
 def _options(request: ChatCompletionRequest, max_tokens: int, tools: ToolMode) -> SamplingOptions:
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     regex, json_schema = (None, tools.schema) if tools.calls_tools else constraint(request)
+    return sampling_options(request, max_tokens=max_tokens, regex=regex, json_schema=json_schema,
+                            logprobs=(request.top_logprobs or 0) if request.logprobs else None)
+
+
+def sampling_options(request: ChatCompletionRequest | CompletionRequest, *, max_tokens: int | None,
+                     logprobs: int | None, regex: str | None, json_schema: dict | None) -> SamplingOptions:
+    """The sampling fields chat and completion requests share, as the engine takes them; the caller decides
+    the budget, the log-probs (the two APIs spell them differently) and the constraint."""
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     return SamplingOptions(
         n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens, stop=stop,
-        seed=request.seed, logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-        presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
-        top_k=request.top_k, min_p=request.min_p, repetition_penalty=request.repetition_penalty,
-        logit_bias=logit_bias_ids(request.logit_bias), min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
-        regex=regex, json_schema=json_schema,
+        seed=request.seed, logprobs=logprobs, presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty, top_k=request.top_k, min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty, logit_bias=logit_bias_ids(request.logit_bias),
+        min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, regex=regex, json_schema=json_schema,
     )
 
 

@@ -29,7 +29,7 @@ from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient,
 from .admission import Admission
 from .body import decode_body, read_body
 from .ignored_fields import warn_ignored
-from .chat import ChatService, Generation, chain, constraint, logit_bias_ids, sse
+from .chat import ChatService, Generation, chain, constraint, sampling_options, sse
 from .chat_api import until_disconnect
 from .completion_bodies import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
@@ -226,13 +226,8 @@ def _is_token_id(value: object) -> bool:
 
 
 def _options(body: CompletionRequest) -> SamplingOptions:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     regex, json_schema = constraint(body)
-    return SamplingOptions(
-        n=body.n, temperature=body.temperature, top_p=body.top_p, stop=stop, seed=body.seed, logprobs=body.logprobs,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, top_k=body.top_k,
-        min_p=body.min_p, repetition_penalty=body.repetition_penalty, logit_bias=logit_bias_ids(body.logit_bias),
-        min_tokens=body.min_tokens, ignore_eos=body.ignore_eos, regex=regex, json_schema=json_schema)
+    return sampling_options(body, max_tokens=None, logprobs=body.logprobs, regex=regex, json_schema=json_schema)
 
 
 def _choice(index: int, echo: str, delta: CompletionDelta, num_logprobs: int | None, offset: int | None = None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,8 @@ import pytest
 from mia_engine.config import load_config
 from mia_engine.engines.engine_args import check_engine_tables, engine_arg_names, vllm_version
 from mia_engine.engines.vllm_engine import VLLMEngine
+
+from tests.processes import refused_serve
 
 
 def tiny_with(**table: object):
@@ -53,10 +53,7 @@ def test_an_engine_refuses_a_bad_key_when_it_builds_its_args(tmp_path: Path) -> 
 
 
 def test_serve_refuses_a_bad_key_before_anything_starts(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", "tiny", "--engines.tiny.vllm.quantisation=awq",
-           "--data-dir", str(tmp_path / "data"), "--port", "0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"MIA_HOME": str(tmp_path),
-                                                                                  "PATH": "/usr/bin:/bin"})
+    done = refused_serve(tmp_path, "--engines.tiny.vllm.quantisation=awq")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(
         "engines.tiny.vllm.quantisation: not an engine argument of vLLM "

@@ -5,8 +5,6 @@ line naming the field, before any engine starts."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,8 @@ from mia_engine.engines.tool_parsers import ToolCallParser, check_tool_call_pars
 from mia_engine.models.tiny import build_tiny
 from mia_engine.server.openai_bodies import ToolCall
 from mia_engine.server.tool_calls import parsed_tool_calls
+
+from tests.processes import refused_serve
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -86,10 +86,7 @@ def test_a_misspelt_parser_is_one_line_naming_the_field(tokenizer) -> None:
 
 
 def test_serve_refuses_a_misspelt_parser_before_anything_starts(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", "tiny", "--engines.tiny.tool_call_parser=hermess",
-           "--data-dir", str(tmp_path / "data"), "--port", "0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={"MIA_HOME": str(tmp_path),
-                                                                                  "PATH": "/usr/bin:/bin"})
+    done = refused_serve(tmp_path, "--engines.tiny.tool_call_parser=hermess")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "python -m mia_engine: error: engines.tiny.tool_call_parser: 'hermess' is not a tool-call parser of vLLM "
