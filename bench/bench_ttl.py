@@ -22,7 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import launch_mia  # noqa: E402
+from bench.servers import generated_admin_key, launch_mia  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a plan to find the year the oldest university was founded."}]
@@ -66,7 +66,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     reports: list[dict] = []
     failures = 0
     try:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=300,
+                                     headers={"Authorization": f"Bearer {generated_admin_key(tmp)}"}) as client:
             await chat_load(client, 8, 4)  # warm up
             for _ in range(args.rounds):
                 lat, failed = await chat_load(client, args.requests, args.concurrency)

@@ -69,6 +69,12 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
     return launch("mia_engine", cmd, log_dir, port, env)
 
 
+def generated_admin_key(log_dir: Path) -> str:
+    """The admin key ``serve`` generated at first start in ``launch_mia``'s data dir: the admin routes and
+    ``learn: true`` need it, on loopback too."""
+    return (log_dir / "mia-data" / "admin_api_key").read_text().strip()
+
+
 def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: EngineConfig, *extra: str,
                 onednn_cache_capacity: int, same_cpu_lora_ops: bool = False,
                 same_cpu_async_scheduling: bool = False, env: dict[str, str] | None = None) -> Server:

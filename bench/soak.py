@@ -30,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import launch_mia  # noqa: E402
+from bench.servers import generated_admin_key, launch_mia  # noqa: E402
 from bench.stats import process_tree, report  # noqa: E402
 from mia_engine.agent.judge import is_match  # noqa: E402
 
@@ -45,8 +45,9 @@ def load_questions(path: Path) -> list[tuple[str, list[str]]]:
 
 
 class Soak:
-    def __init__(self, base_url: str, questions: list[tuple[str, list[str]]], deadline: float, seed: int) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=900)
+    def __init__(self, base_url: str, questions: list[tuple[str, list[str]]], deadline: float, seed: int,
+                 admin_key: str) -> None:
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=900, headers={"Authorization": f"Bearer {admin_key}"})
         self.questions = questions
         self.deadline = deadline
         self.rng = random.Random(seed)
@@ -155,7 +156,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         await asyncio.to_thread(server.wait_ready)
         duration = args.minutes * 60
-        soak = Soak(server.base_url, load_questions(args.dataset), time.monotonic() + duration, args.seed)
+        soak = Soak(server.base_url, load_questions(args.dataset), time.monotonic() + duration, args.seed,
+                    generated_admin_key(tmp))  # learn: true is in the admin scope
         samples: list[dict[str, Any]] = []
         workers = ([soak.chat() for _ in range(args.chat_workers)] + [soak.learn() for _ in range(args.learn_workers)]
                    + [soak.memory_search() for _ in range(args.memory_workers)])

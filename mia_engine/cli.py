@@ -18,16 +18,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from . import __version__
 from .base import logs
+from .base.keys import ADMIN_KEY_FILE, KeyFileError, admin_key
 from .base.config_docs import plain, render_markdown, render_toml
-from .config import ConfigError, MIAConfig, check_bind, load_config, parse_override_value
+from .base.files import UnsafeFolder, private_dir
+from .config import ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value
 from .base.packages import missing_for_serving
 from .devices import resolve_device, resolved_devices, serving_device_fields
 
 PROG = "python -m mia_engine"
 API_KEY_ENV = "MIA_API_KEY"
 ADMIN_API_KEY_ENV = "MIA_ADMIN_API_KEY"
+KEY_FLAGS = {"server.api_key": (API_KEY_ENV, "--api-key-file"),
+             "server.admin_api_key": (ADMIN_API_KEY_ENV, "--admin-api-key-file")}
+"""Key fields that show in ``ps`` when given on the command line, with where to give them instead."""
 CONFIG_REFERENCE_INTRO = (
     "Every field of a config file (`configs/*.toml`, or your own passed with `--config`), table by table, with "
     "its type, default and what it does. Any field can also be set on the command line by its dotted path, "
@@ -194,7 +201,9 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> tup
                                      (ADMIN_API_KEY_ENV, "server.admin_api_key", "admin_api_key_file")):
             if environ.get(name) and not getattr(args, file_flag):  # an explicit key file wins
                 overrides[key] = environ[name]
-    overrides.update(dotted_overrides(rest))
+    dotted = dotted_overrides(rest)
+    args.keys_on_command_line = [f"--{key}" for key in KEY_FLAGS if key in dotted]
+    overrides.update(dotted)
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
                       ("api_key_file", "server.api_key_file"), ("admin_api_key_file", "server.admin_api_key_file"),
                       ("data_dir", "data_dir"), ("corpus", "tools.corpus"), ("log_level", "server.log_level"),
@@ -218,6 +227,7 @@ def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
         return config
     if args.command == "serve":
         check_bind(config.server)
+        check_keys(config.server)
     return resolved_devices(config) if args.command in ("serve", "run", "ttl", "eval") else config
 
 
@@ -244,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "dry_run", False):
         return _dry_run(config)
     logs.configure(config.server.log_level, config.server.log_format)  # before vLLM is imported
-    if args.command == "serve" and _preflight(config) != 0:
-        return 2
+    if args.command == "serve":
+        if _preflight(config) != 0:
+            return 2
+        config = _with_admin_key(config)  # after the data dir's check, and only for a server that starts
+        if config is None:
+            return 2
     _bound_onednn_caches(config)  # before the encoder's or learner's first matmul
     if args.command == "serve":
         _warn_about_exposure(args, config)
@@ -311,8 +325,8 @@ def _dry_run(config: MIAConfig) -> int:
 def _preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> int:
     """What ``serve`` checks before it starts anything: vLLM and the embedded default's packages (a missing
     one is named with the command that installs it), the adapters that are not embedded ones, where the
-    config or this machine has GPUs the per-GPU budget (the dry run's), and that a Ray engine has a
-    cluster to join. 0 = start."""
+    config or this machine has GPUs the per-GPU budget (the dry run's), that a Ray engine has a
+    cluster to join, and that the data dir is this user's alone (``base.files.private_dir``). 0 = start."""
     environ = os.environ if environ is None else environ
     missing = missing_for_serving(config)  # the embedded default's model, encoder and corpus packages
     if missing is not None:
@@ -323,7 +337,14 @@ def _preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> i
         print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
               "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')", file=sys.stderr)
         return 2
-    return 0 if _deployment_check(config, is_dry_run=False) is not None else 2
+    if _deployment_check(config, is_dry_run=False) is None:
+        return 2
+    try:  # last: it creates the data dir, which a refused config must not leave behind
+        private_dir(config.resolved_data_dir(), "data_dir")
+    except UnsafeFolder as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[str]] | None:
@@ -373,10 +394,38 @@ def _init_adapter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_admin_key(config: MIAConfig) -> MIAConfig | None:
+    """The config with its admin key: where none is configured, the one generated at first start in the
+    data dir (``base.keys.admin_key``), and one log line that says where it is. None (after one line on
+    stderr) where that file cannot be used."""
+    server = config.server
+    if server.admin_api_key:
+        return config
+    path = config.resolved_data_dir() / ADMIN_KEY_FILE
+    try:
+        key, created = admin_key(path)
+        server = msgspec.structs.replace(server, admin_api_key=key)
+        check_keys(server)
+    except (KeyFileError, ConfigError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return None
+    except OSError as err:
+        print(f"{PROG}: error: data_dir: cannot create {path}: {err.strerror}", file=sys.stderr)
+        return None
+    logging.getLogger(PROG).log(
+        logging.WARNING if created else logging.INFO,
+        "admin key %s %s: send it as 'Authorization: Bearer <key>' to publish adapters, learn and write memory "
+        "(or set $%s)", "generated in" if created else "read from", path, ADMIN_API_KEY_ENV)
+    return msgspec.structs.replace(config, server=server)
+
+
 def _warn_about_exposure(args: argparse.Namespace, config: MIAConfig) -> None:
     log = logging.getLogger(PROG)
     if getattr(args, "api_key", None):
         log.warning("--api-key is visible to every user of this machine (ps); use $%s or --api-key-file", API_KEY_ENV)
+    for flag in getattr(args, "keys_on_command_line", ()):
+        env, file_flag = KEY_FLAGS[flag[2:]]
+        log.warning("%s is visible to every user of this machine (ps); use $%s or %s", flag, env, file_flag)
     server = config.server
     if server.allow_unauthenticated_bind and not server.api_key and not server.is_loopback():
         log.warning("SERVING %s WITHOUT AN API KEY (server.allow_unauthenticated_bind): anyone who can reach "

@@ -20,6 +20,7 @@ from .agent.config import AgentConfig, resolve_table
 from .deploy.config import GpusConfig
 from .learner.config import LearnerConfig
 from .memory.config import MemoryConfig
+from .base.keys import MIN_KEY_CHARS, KeyFileError, read_key_file
 from .base.structs import Frozen
 from .tools.config import ToolsConfig
 
@@ -48,12 +49,22 @@ class LimitsConfig(Frozen):
     """Longest ``structured_outputs.regex`` (grammar compiles can pin a core)."""
     max_json_schema_bytes: int = 16384
     """Largest JSON schema (``structured_outputs.json``, ``response_format``), encoded."""
+    max_grammar_cost: int = 400
+    """Largest estimated grammar-compile cost of one request's constraint (its JSON schema, its tools'
+    schemas together, or its regex), in units of about a millisecond of xgrammar compile on a 32k-token
+    vocabulary (``server/grammar_cost.py``): wide schemas under the byte cap (long regex repeats, long
+    ``maxLength``, hundreds of optional properties) would hold the engine's compiler for seconds. Compile
+    time grows with the vocabulary: lower it for a larger one."""
     max_choices: int = 64
     """Most ``structured_outputs.choice`` strings."""
     max_choice_chars: int = 256
     """Longest ``structured_outputs.choice`` string."""
     max_question_chars: int = 8192
     """Longest research question (model ``mia``)."""
+    max_chars_per_token: int = 16
+    """A prompt (chat messages, a completion prompt) over the model's context length times this many
+    characters is refused as too long before it is tokenised: tokenising megabytes takes seconds of CPU,
+    and no natural text averages this many characters a token."""
     max_ground_truth_chars: int = 4096
     """Most characters over all ``ground_truth`` answers."""
     max_grpo_groups: int = 16
@@ -89,6 +100,26 @@ class AdmissionConfig(Frozen):
     max_queue_wait_s: float = 600.0
     """Longest wait for a slot, in seconds, before a 429: the ``openai`` client's default timeout, past which
     nobody is waiting for the answer any more."""
+    max_concurrent_per_client: int = 64
+    """Requests with a body in flight at once from one client address (an IPv6 client by its /64), counted
+    before the body bound; more wait in that client's queue like any key's. One client cannot take every
+    slot; 0 = no per-client bound. Loopback clients are bound only with ``bound_loopback_clients``."""
+    bound_loopback_clients: bool = False
+    """Apply ``max_concurrent_per_client`` to loopback clients too. Off: a benchmark or proxy on the box is one
+    client that may use every slot, and a local user can pick any 127.x source address anyway."""
+    body_timeout_s: float = 30.0
+    """Time for a whole request body to arrive, in seconds from the first read; later: 408 and the connection
+    closed, so a client trickling its body cannot hold a slot. A large memory import over a slow link needs
+    it raised."""
+    send_timeout_s: float = 30.0
+    """Longest wait for a client to take response bytes (a stream's next chunk included), in seconds; later
+    the request is cancelled, its slots freed and the connection closed, so a client that stopped reading
+    cannot hold a slot."""
+    send_buffer_bytes: int = 0
+    """Kernel send buffer of each connection, in bytes (``SO_SNDBUF``); 0 = the kernel's own, which grows to
+    ``net.ipv4.tcp_wmem``'s maximum (MiBs): a client that stops reading is noticed by ``send_timeout_s``
+    only once the buffer is full, so a smaller one notices it sooner (and bounds kernel memory per
+    stalled client) at the cost of throughput over long, fast links."""
 
 
 class ImageInputConfig(Frozen):
@@ -103,12 +134,19 @@ class ImageInputConfig(Frozen):
     formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
     """Pillow format names accepted, detected from the bytes (a GIF's first frame is used)."""
     file_root: str = ""
-    """Folder under which ``file://`` URLs and plain paths may be read (symlinks resolved; nothing outside
-    it); empty = local files are refused."""
+    """Folder under which ``file://`` URLs and plain paths may be read: regular files only, and no symbolic
+    link below the folder is followed (one could be swapped between check and read); empty = local files
+    are refused."""
     allow_remote: bool = False
-    """Fetch ``http(s)://`` image URLs (off: the server makes no outbound requests for a client)."""
+    """Fetch ``http(s)://`` image URLs (off: the server makes no outbound requests for a client). Only public
+    addresses are fetched (checked after DNS, and the connection pinned to the checked one), no redirects,
+    and every failure is the same 400, so clients cannot reach or scan the server's own network."""
+    remote_allowed_networks: list[str] = []
+    """Networks (CIDR, e.g. ``10.1.0.0/16``) fetched although not public, for an image store on a private
+    network; empty = public addresses only (never loopback, private, link-local or cloud metadata)."""
     fetch_timeout_s: float = 10.0
-    """Timeout of one remote image fetch (``allow_remote``)."""
+    """Deadline of one remote image fetch, from DNS to the last byte, in seconds (``allow_remote``): a server
+    that trickles bytes cannot hold a request longer."""
 
 
 class ServerConfig(Frozen):
@@ -119,19 +157,26 @@ class ServerConfig(Frozen):
     port: int = 8000
     """TCP port to bind."""
     api_key: str = ""
-    """When set, every /v1 request must send ``Authorization: Bearer <api_key>``. Prefer the
-    ``MIA_API_KEY`` environment variable or ``api_key_file``: a command-line flag shows in ``ps``."""
+    """When set, every /v1 request must send ``Authorization: Bearer <api_key>`` (at least 16 characters).
+    Prefer the ``MIA_API_KEY`` environment variable or ``api_key_file``: a command-line flag shows in ``ps``."""
     api_key_file: str = ""
-    """A file holding ``api_key`` (first line); read at start."""
+    """A file holding ``api_key`` (first line); read at start; refused where another user owns it or may
+    read or write it (``chmod 600``)."""
     admin_api_key: str = ""
     """Key of the admin scope: adapters, learning (``learn: true`` too) and memory writes, imports and
-    exports. Empty with ``api_key`` set: those routes are refused (403); both empty: open (loopback
-    only). Also from ``MIA_ADMIN_API_KEY`` or ``admin_api_key_file``."""
+    exports; at least 16 characters and not ``api_key``. Also from ``MIA_ADMIN_API_KEY`` or
+    ``admin_api_key_file``. Empty: ``serve`` generates one at first start into ``<data_dir>/admin_api_key``
+    (mode 0600, reused later) and logs where, so those routes need a key even on loopback."""
     admin_api_key_file: str = ""
-    """A file holding ``admin_api_key`` (first line); read at start."""
+    """A file holding ``admin_api_key`` (first line); read at start; refused where another user owns it or may
+    read or write it (``chmod 600``)."""
     allow_unauthenticated_bind: bool = False
-    """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use (and, with
-    no admin key, change) the server. Off unless asked for, and logged loudly."""
+    """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use the server
+    (the admin routes still need the admin key). Off unless asked for, and logged loudly."""
+    adapter_dirs: list[str] = []
+    """Absolute paths of folders, besides ``<data_dir>/adapters`` and ``learner.publish_dir``, from which
+    ``POST /v1/adapters/{role}`` may load a PEFT folder; empty = none. Any other path (symlinks resolved)
+    is refused with 403 before it is read, so an admin key cannot serve a folder another user planted."""
     allowed_hosts: list[str] = []
     """``Host`` header names accepted (DNS-rebinding guard); empty = any on a non-loopback ``host`` with
     ``api_key`` set (clients use the box's IP or name; the key protects it), else localhost, 127.0.0.1, ::1
@@ -403,21 +448,13 @@ def _with_key_files(config: MIAConfig) -> MIAConfig:
     for field in ("api_key", "admin_api_key"):
         path = getattr(server, f"{field}_file")
         if path and not getattr(server, field):
-            keys[field] = _read_key_file(f"server.{field}_file", Path(path).expanduser())
+            try:
+                keys[field] = read_key_file(f"server.{field}_file", Path(path).expanduser())
+            except KeyFileError as err:
+                raise ConfigError(str(err)) from None
     if not keys:
         return config
     return msgspec.structs.replace(config, server=msgspec.structs.replace(server, **keys))
-
-
-def _read_key_file(field: str, path: Path) -> str:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise ConfigError(f"{field}: cannot read {path}: {err.strerror}") from None
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise ConfigError(f"{field}: {path} is empty")
-    return key
 
 
 def _check_named_tables(raw: dict[str, Any]) -> None:
@@ -516,9 +553,23 @@ def _check_server(server: ServerConfig) -> None:
         raise ConfigError(f"server.port: {server.port} is not a TCP port")
     for section in ("limits", "admission"):
         for field, value in msgspec.structs.asdict(getattr(server, section)).items():
-            _check_positive(f"server.{section}.{field}", value)
+            if isinstance(value, bool):
+                continue
+            if field == "max_concurrent_per_client":
+                _check_non_negative(f"server.{section}.{field}", value, "no per-client bound")
+            elif field == "send_buffer_bytes":
+                _check_non_negative(f"server.{section}.{field}", value, "the kernel's own")
+            else:
+                _check_positive(f"server.{section}.{field}", value)
     for field in ("max_bytes", "max_pixels", "max_images_per_request", "fetch_timeout_s"):
         _check_positive(f"server.images.{field}", getattr(server.images, field))
+    for cidr in server.images.remote_allowed_networks:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(f"server.images.remote_allowed_networks: {cidr!r} is not a network (CIDR)") from None
+    if not all(d.strip() and Path(d).expanduser().is_absolute() for d in server.adapter_dirs):
+        raise ConfigError(f"server.adapter_dirs: must hold absolute paths, got {server.adapter_dirs}")
 
 
 def _check_engine(name: str, engine: EngineConfig) -> None:
@@ -584,6 +635,18 @@ def check_bind(server: ServerConfig) -> None:
         raise ConfigError(
             f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
             "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
+
+
+def check_keys(server: ServerConfig) -> None:
+    """Refuse keys that are short or that merge the two scopes (checked by ``serve`` only, as ``check_bind``)."""
+    for field in ("api_key", "admin_api_key"):
+        key = getattr(server, field)
+        if key and len(key) < MIN_KEY_CHARS:
+            raise ConfigError(f"server.{field}: {len(key)} characters; use at least {MIN_KEY_CHARS} (python -c "
+                              "'import secrets; print(secrets.token_urlsafe(32))')")
+    if server.admin_api_key and server.admin_api_key == server.api_key:
+        raise ConfigError("server.admin_api_key: equals server.api_key, which would make every API client an "
+                          "admin; use a different key")
 
 
 def resolve_role(config: MIAConfig, name: str) -> tuple[str, RoleConfig]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -59,6 +61,25 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+def adapter_load_dirs(config: MIAConfig) -> list[Path]:
+    """The folders ``POST /v1/adapters/{role}`` may load from: the data dir's adapters folder (the
+    learner's checkpoints and versions), ``learner.publish_dir`` and ``server.adapter_dirs``. Not
+    ``learner.shared_dirs``: those are shared mounts, named for the cluster's reach, not for trust."""
+    learner_dir = [config.learner.publish_dir] if config.learner.publish_dir else []
+    return [config.resolved_data_dir() / "adapters",
+            *(Path(folder).expanduser() for folder in [*learner_dir, *config.server.adapter_dirs])]
+
+
+def _listening_sockets(config: uvicorn.Config, send_buffer_bytes: int) -> list[socket.socket] | None:
+    """The listening socket with ``send_buffer_bytes`` as its ``SO_SNDBUF``, which every accepted connection
+    inherits; None (uvicorn binds its own, the kernel sizes the buffers) when it is 0."""
+    if not send_buffer_bytes:
+        return None
+    sock = config.bind_socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+    return [sock]
+
+
 def _stop_reason(sig: int) -> str:
     return "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
 
@@ -67,7 +88,7 @@ async def _serve(config: MIAConfig) -> str | None:
     services = Services(config)
     admission = Admission(config.server.admission)
     routes = [*learner_routes(services.learner, services.roles, config.server, admission),
-              *adapter_routes(services.roles.adapters, config.server, admission),
+              *adapter_routes(services.roles.adapters, config.server, admission, adapter_load_dirs(config)),
               *memory_routes(services.memory, config.server, admission)]
     app = build_app(services.roles, config.server, start=lambda: server.run_services(services), stop=services.stop,
                     extra_routes=routes,
@@ -81,7 +102,7 @@ async def _serve(config: MIAConfig) -> str | None:
         log_config=None))
     log.info("listening on http://%s:%d (memory, engines, learner and agent start in the background; "
              "/health turns 200 when ready)", config.server.host, config.server.port)
-    await server.serve()
+    await server.serve(sockets=_listening_sockets(server.config, config.server.admission.send_buffer_bytes))
     if server.stopped_by is not None:
         log.info("stopped (%s)", _stop_reason(server.stopped_by))
     return server.failure

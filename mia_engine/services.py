@@ -14,6 +14,7 @@ from typing import Any
 
 from .agent.handle import AgentHandle
 from .agent.records import Rollout
+from .base.files import UnsafeFolder, private_dir
 from .config import MIAConfig, resolve_role
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
@@ -39,11 +40,12 @@ class Services:
         self.roles = RoleServer(config)
         self.roles.usage = self.metrics
         self.metrics.watch_engines(self.roles.engines)
-        self.memory = MemoryHandle(config.resolved_data_dir() / "memory", config.memory)
+        data_dir = private_dir(config.resolved_data_dir(), "data_dir")  # UnsafeFolder: another user's
+        self.memory = MemoryHandle(data_dir / "memory", config.memory)
         self.agent = AgentHandle(config, stages=self.metrics)
         planner = config.agent.roles.planner
         self.learner = TestTimeLearner(config.learner, self.roles.adapters,
-                                       config.resolved_data_dir() / "adapters" / planner, planner,
+                                       data_dir / "adapters" / planner, planner,
                                        on_update=self._after_update)
         self.encoders: list[Embedder] = []
         self._background: set[asyncio.Future] = set()
@@ -118,7 +120,7 @@ class Services:
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
             await self.learner.start(engine.model_dir, engine.dtype, engine.config.vllm.get("quantization"))
-        except UntrainableBase as err:
+        except (UntrainableBase, UnsafeFolder) as err:
             log.error("test-time learning off: %s", err)
         except Exception:
             log.exception("test-time learning off: the learner failed to load")

@@ -16,8 +16,8 @@ import pytest
 
 from tests.processes import free_port, stop_process
 
-API_KEY = "test-key"
-ADMIN_KEY = "test-admin-key"
+API_KEY = "test-api-key-not-secret"
+ADMIN_KEY = "test-admin-key-not-secret"
 START_TIMEOUT_S = 600
 
 
@@ -30,11 +30,16 @@ class ServerHandle:
     home: Path
     data_dir: Path
     admin_key: str = ""
+    """The admin key it was started with; empty: the one it generates (``generated_admin_key``)."""
     health_before_ready: list[httpx.Response] = field(default_factory=list)
 
     @property
     def openai_url(self) -> str:
         return f"{self.base_url}/v1"
+
+    def generated_admin_key(self) -> str:
+        """The admin key ``serve`` generated at first start, where it was given none."""
+        return (self.data_dir / "admin_api_key").read_text().strip()
 
     def log_tail(self, num_lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])

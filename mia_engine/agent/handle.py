@@ -50,7 +50,8 @@ class AgentHandle(StartupHandle[ResearchAgent]):
         try:
             self._tools = await self._build_tools(encoder)
         except Exception as err:
-            self.fail(f"the research agent's tools failed to start: {type(err).__name__}: {err}")
+            # callers' 503 says the class only: the error's text may name server paths (the log has it)
+            self.fail(f"the research agent's tools failed to start ({type(err).__name__}; see the server log)")
             log.exception("the research agent's tools failed to start")
 
     async def _build_tools(self, encoder: Any) -> Tools:

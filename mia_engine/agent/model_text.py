@@ -46,7 +46,7 @@ def first_json_object(text: str) -> dict[str, Any] | None:
     while start >= 0:
         try:
             value, _ = json.JSONDecoder().raw_decode(text[start:])
-        except ValueError:
+        except (ValueError, RecursionError):  # a model can nest brackets past the parser's stack
             start = text.find("{", start + 1)
             continue
         return value if isinstance(value, dict) else None

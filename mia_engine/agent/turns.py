@@ -106,7 +106,7 @@ def parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
         # strict=False: a raw tab or other control character inside a string is what models write;
         # refusing the call over it wastes the turn
         value, _ = json.JSONDecoder(strict=False).raw_decode(_FENCE.sub("", body[start:].strip()))
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # a model can nest brackets past the parser's stack
         return None, f"the tool call is not valid JSON ({err.args[0] if err.args else err})"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"].strip():
         return None, 'the tool call needs a string "name"'
@@ -114,7 +114,7 @@ def parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None, '"arguments" is a string that is not JSON'
     if not isinstance(arguments, dict):
         return None, '"arguments" must be a JSON object'

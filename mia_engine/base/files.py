@@ -1,6 +1,7 @@
 """Writing files and folders so that a crash or a concurrent writer never leaves half of one behind:
 write a temporary sibling, then rename it into place (and, where it must survive power loss, fsync the
-data before the rename and the folder after it).
+data before the rename and the folder after it); and the folders the server writes, made or accepted only
+when no other user can plant or change what is written there (``private_dir``).
 
 Used by the model cache, the passage indexes, the learner's published adapters, its checkpoints and the
 memory snapshot. Part of the config layer for layering purposes: it imports nothing of the package.
@@ -11,12 +12,71 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+PRIVATE_DIR_MODE = 0o700
+"""Mode of every folder the server creates: only this user can list, read or write it."""
+
+
+class UnsafeFolder(ValueError):
+    """A folder the server would write that another user could control; the message is one line that
+    names the config field, the path, what is wrong and the fix."""
+
+
+def private_dir(path: Path, field: str, *, exact: bool = False) -> Path:
+    """``path`` as a folder that only this user controls: created (with missing parents) mode 0700, or
+    an existing one checked; ``UnsafeFolder`` otherwise. ``field`` is the config field the message names.
+
+    Each missing folder is made by ``os.mkdir`` with mode 0700, so it never exists with wider bits; one
+    that another process made first (``FileExistsError``) is checked like any existing folder, never
+    taken on trust. An existing folder must be a directory owned by this user that no other user can
+    write (group/other write bits off): a user's own data dir at the usual 0755 is accepted, as ssh
+    accepts a 0755 home. ``exact`` (a folder at a predictable name in a folder every user can write, such
+    as ``/dev/shm``) demands more, since another user may have made it first: a real directory, not a
+    symbolic link, with no group/other bits at all. Without ``exact`` a link is followed only when this
+    user made it (a data dir linked to a bigger disk), and its target is checked. Existing parents are not
+    checked: each folder the server writes is checked by its own call, the data dir first."""
+    path = Path(path)
+    missing, folder = [], path
+    while not os.path.lexists(folder) and folder != folder.parent:  # a dangling link counts as present
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile by someone: checked below like any existing folder
+        _check_private_dir(folder, field, exact=exact)
+    if not missing:
+        _check_private_dir(path, field, exact=exact)
+    return path
+
+
+def _check_private_dir(path: Path, field: str, *, exact: bool) -> None:
+    fix = f"remove it or set {field} to a folder of your own"
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        if exact or st.st_uid != os.geteuid():
+            whose = "" if st.st_uid == os.geteuid() else f" made by another user (uid {st.st_uid})"
+            raise UnsafeFolder(f"{field}: {path} is a symbolic link{whose}, not a real folder; {fix}")
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise UnsafeFolder(f"{field}: {path} is a link to nothing usable ({err.strerror}); {fix}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolder(f"{field}: {path} is not a folder; {fix}")
+    if st.st_uid != os.geteuid():
+        raise UnsafeFolder(f"{field}: {path} belongs to another user (uid {st.st_uid}), who can change what "
+                           f"the server writes there; {fix}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (0o077 if exact else 0o022):
+        raise UnsafeFolder(f"{field}: {path} is open to other users (mode {mode:04o}); run: chmod 700 {path}")
 
 
 def fsync_dir(folder: Path) -> None:

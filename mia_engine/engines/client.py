@@ -74,12 +74,15 @@ class SamplingOptions(msgspec.Struct, frozen=True):
     agent passes its rollout id so a rollout's later turns reuse the replica's prefix cache."""
 
 
-class TopLogprob(msgspec.Struct, frozen=True):
+class TopLogprob(msgspec.Struct, frozen=True, gc=False):
+    """(Untracked by the garbage collector, as ``TokenLogprob``: a completion can hold a million of them, and
+    a full collection walks every tracked object with the event loop waiting.)"""
+
     token: str
     logprob: float
 
 
-class TokenLogprob(msgspec.Struct, frozen=True):
+class TokenLogprob(msgspec.Struct, frozen=True, gc=False):
     token: str
     logprob: float
     top: list[TopLogprob] = []

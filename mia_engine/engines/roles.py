@@ -188,14 +188,14 @@ class RoleServer:
         def render() -> list[int]:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                  **extra, **target.template_kwargs)
-            return tokenizer.encode(text, add_special_tokens=False)
+            return tokenizer(text, add_special_tokens=False)["input_ids"]  # the batch path: frees the GIL
 
         return await asyncio.get_running_loop().run_in_executor(None, render)
 
     async def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
         tokenizer = self._targets[model].engine.tokenizer
         return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            None, lambda: tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     async def detokenize(self, model: str, token_ids: list[int]) -> str:
         tokenizer = self._targets[model].engine.tokenizer
@@ -231,7 +231,7 @@ class RoleServer:
         """Token ids of ``text`` (no special tokens) under the model's tokenizer."""
         tokenizer = self._targets[model].engine.tokenizer
         return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: tokenizer.encode(text, add_special_tokens=False))
+            None, lambda: tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def generate(
         self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
@@ -255,7 +255,8 @@ class RoleServer:
                     if output.finished and self.usage is not None:
                         self.usage.record_usage(model, len(output.prompt_token_ids or prompt_ids),
                                                 output.num_cached_tokens or 0, num_generated, len(images))
-                    yield to_deltas(output, options.logprobs)
+                    yield await to_deltas_in_slices(output, options.logprobs) \
+                        if _has_many_logprobs(output, options.logprobs) else to_deltas(output, options.logprobs)
             except EngineDeadError as err:
                 raise EngineUnavailable(f"engine {target.engine.name} is not running: {err}") from None
             except (ValueError, VLLMClientError) as err:  # some checks run only when the request is added
@@ -316,6 +317,19 @@ def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream
     )
 
 
+MAX_LOGPROBS_ON_LOOP = 4096
+"""Log-prob objects converted between two turns of the event loop (an output with more is converted in
+slices of about this many: a few milliseconds each)."""
+
+
+def _has_many_logprobs(output: RequestOutput, num_logprobs: int | None) -> bool:
+    """Whether converting ``output`` builds more than ``MAX_LOGPROBS_ON_LOOP`` log-prob objects (a whole
+    completion with n = 16, 20 top candidates and 4096 tokens builds over a million)."""
+    if num_logprobs is None:
+        return False
+    return sum(len(c.token_ids) for c in output.outputs) * (num_logprobs + 1) > MAX_LOGPROBS_ON_LOOP
+
+
 def to_deltas(output: RequestOutput, num_logprobs: int | None) -> list[CompletionDelta]:
     return [
         CompletionDelta(c.index, c.text, len(c.token_ids),
@@ -325,9 +339,25 @@ def to_deltas(output: RequestOutput, num_logprobs: int | None) -> list[Completio
     ]
 
 
-def _logprobs(completion: CompletionOutput, num_top: int) -> list[TokenLogprob]:
+async def to_deltas_in_slices(output: RequestOutput, num_logprobs: int) -> list[CompletionDelta]:
+    """``to_deltas`` with the log-probs converted slice by slice, giving the event loop a turn between slices
+    (in a thread they would still hold the GIL; a whole completion can carry over a million of them)."""
+    num_tokens = max(1, MAX_LOGPROBS_ON_LOOP // (num_logprobs + 1))
+    deltas = []
+    for c in output.outputs:
+        logprobs: list[TokenLogprob] = []
+        for start in range(0, len(c.token_ids), num_tokens):
+            logprobs += _logprobs(c, num_logprobs, start, start + num_tokens)
+            await asyncio.sleep(0)
+        deltas.append(CompletionDelta(c.index, c.text, len(c.token_ids), logprobs, c.finish_reason,
+                                      list(c.token_ids)))
+    return deltas
+
+
+def _logprobs(completion: CompletionOutput, num_top: int, start: int = 0, stop: int | None = None
+              ) -> list[TokenLogprob]:
     result = []
-    for token_id, candidates in zip(completion.token_ids, completion.logprobs or []):
+    for token_id, candidates in zip(completion.token_ids[start:stop], (completion.logprobs or [])[start:stop]):
         chosen = candidates[token_id]
         ranked = sorted(candidates.values(), key=lambda lp: lp.rank if lp.rank is not None else 0)
         top = [TopLogprob(lp.decoded_token or "", lp.logprob) for lp in ranked[:num_top]]

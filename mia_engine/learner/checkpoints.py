@@ -3,7 +3,10 @@
 Two places with two jobs. ``publish_path`` gives every version a new folder (vLLM caches adapters and
 prefix-cache blocks by path, so a reused path would serve stale weights) under ``publish_dir``: the data
 dir by default (private to this instance), or a tmpfs (no disk write on the update path) only when it is
-configured, has room for the versions kept, and gets a folder of its own for this instance (mode 0700).
+configured, has room for the versions kept, and gets a folder of its own for this instance (mode 0700,
+refused when another user made it first: ``base.files.private_dir``). A version is written into a
+``.v<n>-<id>.tmp-<id>`` staging sibling and renamed into place; the staging folders a killed process
+left behind (RAM, on a tmpfs) are removed when the learner starts (``remove_staging``).
 ``AdapterCheckpoints`` keeps the last few published versions on durable storage with a ``LATEST`` pointer
 to the latest good one: after a crash, or when a new version misbehaves, the learner and the engine go
 back to it. Version numbers only grow, across restarts too: a save never replaces an existing folder.
@@ -16,11 +19,12 @@ import logging
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..base.files import atomic_dir, write_file_atomic
+from ..base.files import atomic_dir, private_dir, write_file_atomic
 from .config import LearnerConfig
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 LATEST_FILE = "LATEST"
 _VERSION_DIR = re.compile(r"^v(\d{6,})$")
 _PUBLISHED_DIR = re.compile(r"^v(\d+)-[0-9a-f]{32}$")
+_STAGING_DIR = re.compile(r"^\.v\d+-[0-9a-f]{32}\.tmp-[0-9a-f]{32}$")
+"""A published version's staging folder (``learner.save_adapter``), renamed into place once written."""
 _TMPFS_HEADROOM = 2
 """Published versions beyond ``num_checkpoints_kept`` a tmpfs must have room for (the one being written
 and one draining)."""
@@ -35,32 +41,57 @@ and one draining)."""
 
 def publish_dir(config: LearnerConfig, data_root: Path, adapter_bytes: int = 0) -> Path:
     """The root for published adapters: ``publish_dir``; else a private folder on ``publish_tmpfs`` when
-    it has room for the kept versions; else ``data_root`` (under the data dir)."""
+    it has room for the kept versions; else ``data_root`` (under the data dir). Each is created mode 0700
+    or checked (``UnsafeFolder``): the tmpfs folder, at a predictable name in a folder every user can
+    write, must be a real folder of this user's with mode 0700 exactly; an operator's ``publish_dir`` and
+    the data dir's folder must be this user's and writable by no other (``base.files.private_dir``)."""
     if config.publish_dir:
-        return _private_dir(Path(config.publish_dir).expanduser())
+        return private_dir(Path(config.publish_dir).expanduser(), "learner.publish_dir")
     if config.publish_tmpfs:
         tmpfs = Path(config.publish_tmpfs)
         needed = adapter_bytes * (config.num_checkpoints_kept + _TMPFS_HEADROOM)
         if tmpfs.is_dir() and os.access(tmpfs, os.W_OK) and shutil.disk_usage(tmpfs).free >= needed:
             tag = hashlib.sha256(str(Path(data_root).resolve()).encode()).hexdigest()[:16]
-            return _private_dir(tmpfs / f"mia_engine-{os.getuid()}-{tag}")
+            return private_dir(tmpfs / f"mia_engine-{os.geteuid()}-{tag}", "learner.publish_tmpfs", exact=True)
         log.warning("learner.publish_tmpfs %s lacks %d MiB for %d adapter versions: publishing under %s",
                     tmpfs, needed >> 20, config.num_checkpoints_kept + _TMPFS_HEADROOM, data_root)
-    return _private_dir(Path(data_root))
-
-
-def _private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    return private_dir(Path(data_root), "data_dir")
 
 
 def publish_path(root: Path, role: str, version: int) -> Path:
     """A new, not yet existing ``<root>/<role>/v{version}-{uuid}`` folder for one adapter version."""
     if not role or "/" in role or role.startswith("."):
         raise ValueError(f"invalid role name {role!r} for a publish path")
-    role_dir = Path(root) / role
-    role_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    role_dir = private_dir(Path(root) / role, "learner.publish_dir")
     return role_dir / f"v{version}-{uuid.uuid4().hex}"
+
+
+def remove_staging(role_dir: Path) -> tuple[int, int]:
+    """Delete the staging folders of unfinished versions in a role's publish folder, as a process killed
+    mid-write leaves them (on a tmpfs they hold RAM until removed); returns (folders, bytes) freed. Call it
+    when the learner starts, before it writes: one learner writes a role's publish folder, so every
+    staging folder there is dead. Only names this module writes, owned by this user, are touched."""
+    role_dir = Path(role_dir)
+    doomed = [path for path in role_dir.iterdir() if _is_own_staging(path)] if role_dir.is_dir() else []
+    num_bytes = sum(_num_bytes(path) for path in doomed)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    if doomed:
+        log.info("removed %d unfinished adapter version(s) in %s left by an earlier process (%.1f MiB)",
+                 len(doomed), role_dir, num_bytes / 2**20)
+    return len(doomed), num_bytes
+
+
+def _is_own_staging(path: Path) -> bool:
+    if not _STAGING_DIR.match(path.name):
+        return False
+    st = path.lstat()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()  # lstat: never a link's target
+
+
+def _num_bytes(folder: Path) -> int:
+    """Bytes of the files below ``folder`` (links not followed)."""
+    return sum(os.lstat(os.path.join(top, name)).st_size for top, _, names in os.walk(folder) for name in names)
 
 
 def prune_published(role_dir: Path, keep: int, protected: Iterable[Path] = ()) -> list[Path]:
@@ -88,7 +119,7 @@ class AdapterCheckpoints:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.root, "data_dir")
         for stale in self.root.glob(".tmp-*"):  # left by a crash mid-write
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)

@@ -29,7 +29,7 @@ import torch
 from ..devices import thread_binder
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .batching import GRPOSample
-from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
+from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path, remove_staging
 from .config import LearnerConfig
 from .learner import PlannerLearner, StepResult
 from .model import check_trainable_base
@@ -99,6 +99,7 @@ class TestTimeLearner:
         self._learner = await loop.run_in_executor(self._thread, PlannerLearner, base_dir, current.path,
                                                    self.config, self._publish_dtype)
         self._publish_root = publish_dir(self.config, self._data_publish_root, self._learner.adapter_num_bytes)
+        remove_staging(self._publish_root / self.role)  # what a killed process was writing
         await loop.run_in_executor(self._thread, self._continue_numbering, current.path, self._served_paths(), 0)
         self._based_on = current.path
         log.info("test-time learner ready on %s (%s, lr %g, batch %d groups, v%d, publishing to %s)", self.role,

@@ -91,11 +91,43 @@ class DurabilityConfig(Frozen):
     snapshot_interval: int = 1000
     """Journal records written between snapshots; a snapshot bounds replay time and journal size."""
     max_record_bytes: int = 64 * 1024 * 1024
-    """A journal frame claiming more than this is treated as corrupt rather than allocated."""
+    """Largest change (bytes of one journal record) a write may make; a larger one is refused before it
+    is written. Replay takes any record that passes its CRC, so lowering this never drops a stored one."""
+    snapshot_retry_s: float = 10.0
+    """Seconds after a failed snapshot before a write tries again, doubling after each further failure
+    (up to ``max_snapshot_retry_s``): the write that triggered it is already durable and succeeds, and a
+    snapshot that keeps failing (a full disk) must not run on every write."""
+    max_snapshot_retry_s: float = 600.0
+    """Longest wait between snapshot attempts while they keep failing."""
 
     def __post_init__(self) -> None:
         require(self.snapshot_interval >= 1, "durability.snapshot_interval must be >= 1")
-        require(self.max_record_bytes >= 1024, "durability.max_record_bytes must be >= 1024")
+        require(1024 <= self.max_record_bytes < 2**32, "durability.max_record_bytes must be in [1024, 2**32)")
+        require(0 < self.snapshot_retry_s <= self.max_snapshot_retry_s,
+                "durability.snapshot_retry_s must be > 0 and <= durability.max_snapshot_retry_s")
+
+
+class TextLimits(Frozen):
+    """Longest text, in characters, a memory or query field may hold; a longer one is refused (HTTP 400
+    naming the field) before it is embedded or journaled, so no client can make the store hold, encode or
+    snapshot arbitrarily large records. Stored records are never re-checked: lowering a limit drops nothing."""
+
+    max_id_chars: int = 128
+    """A memory's or pair's id (uuid4 hex, 32 characters, unless an import brings its own)."""
+    max_question_chars: int = 16_384
+    """The question (of a memory, a Meta Plan pair or a search); above the research request's own limit."""
+    max_caption_chars: int = 16_384
+    """The image caption of a memory or a search."""
+    max_summary_chars: int = 65_536
+    """A memory's workflow summary."""
+    max_plan_chars: int = 65_536
+    """A memory's plan, and each plan of a Meta Plan pair."""
+    max_trajectory_chars: int = 1_048_576
+    """A memory's full Executor trajectory (kept for inspection; the research loop trims traces first)."""
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            require(getattr(self, name) >= 1, f"text_limits.{name} must be >= 1")
 
 
 class MemoryConfig(Frozen):
@@ -118,6 +150,8 @@ class MemoryConfig(Frozen):
     """The sentence encoder."""
     durability: DurabilityConfig = DurabilityConfig()
     """Journal and snapshot policy."""
+    text_limits: TextLimits = TextLimits()
+    """Longest text each memory field may hold."""
     categories: tuple[str, ...] = QUESTION_CATEGORIES
     """Question categories; with the modality ("text" | "text_image") they form the buckets."""
     default_category: str = "others"

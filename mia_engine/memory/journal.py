@@ -4,9 +4,14 @@ On disk, under the data dir:
 - ``memory.journal``: frames ``<u32 length><u32 crc32(length ‖ payload)><payload>``, each payload
   one msgpack ``Change``. A write is acknowledged after its frame is written (and fsynced, by
   default), so an acknowledged change survives ``kill -9``. A change larger than
-  ``max_record_bytes`` (which replay would refuse) is refused before it is written. A torn or
-  corrupt tail (a crash mid write, a bad sector) fails the length or CRC check: it is moved aside
-  to ``memory.journal.corrupt-<unix time>`` (never deleted) and the log says so, once.
+  ``max_record_bytes`` is refused before it is written; replay accepts a frame of any length that
+  fits the file and passes its CRC, so lowering the limit never drops an older record.
+  Replay resynchronises past damage: after a frame that fails its check it looks for the next
+  frame that passes the CRC, decodes as a ``Change`` and carries a later ``seq``, and keeps every
+  valid frame after it. Each skipped run of bytes is copied to ``memory.journal.corrupt-<unix
+  time ns>-at-<offset>`` (never deleted) and logged with its offset and size; the store then
+  compacts, so the next start is clean. Damage with no valid frame after it (a torn tail: a crash
+  mid write) is copied aside the same way and cut.
 - ``memory.snapshot``: one frame holding the whole state and the ``seq`` of the last change it
   includes; written to a temp file, fsynced and renamed over the old one, then the journal is
   emptied. Changes with ``seq`` at or below the snapshot's are skipped on replay, so a crash
@@ -25,6 +30,7 @@ import struct
 import time
 import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -41,6 +47,9 @@ _SNAPSHOT_FORMAT = 1
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 CORRUPT_SUFFIX = ".corrupt-"
+MAX_FRAME_BYTES = 2**32 - 1
+"""What a frame's u32 length field can say."""
+_CHANGE_KEY = msgspec.msgpack.encode("seq")  # a Change payload opens with a fixmap, then this key
 
 
 class CorruptSnapshot(MemoryStoreError):
@@ -90,6 +99,18 @@ class Recovered(msgspec.Struct, frozen=True):
 
     snapshot: Snapshot | None
     changes: list[Change]
+    num_damaged_bytes: int = 0
+    """Bytes skipped before the last valid frame (copied aside): the journal should be compacted."""
+
+
+class _Scan(NamedTuple):
+    """The valid frames of a journal, the damaged runs between them, and where the valid part ends."""
+
+    changes: list[Change]
+    skipped: list[tuple[int, int]]
+    """(offset, size) of each damaged run followed by a valid frame."""
+    end: int
+    """End of the last valid frame; bytes after it are a torn or corrupt tail."""
 
 
 class Journal:
@@ -112,18 +133,22 @@ class Journal:
             _lock(fd, path)
             os.fchmod(fd, _FILE_MODE)  # journals written by older versions were 0644
             (data_dir / (SNAPSHOT_NAME + ".tmp")).unlink(missing_ok=True)  # a snapshot that never got renamed
-            snapshot = _read_snapshot(data_dir / SNAPSHOT_NAME, config)
-            changes, valid_size = _read_journal(path, config)
-            if os.fstat(fd).st_size != valid_size:
-                _set_aside_tail(path, valid_size, len(changes))
-                os.ftruncate(fd, valid_size)
+            snapshot = _read_snapshot(data_dir / SNAPSHOT_NAME)
+            scan = _scan_journal(path.read_bytes() if path.exists() else b"")
+            for offset, size in scan.skipped:
+                _set_aside(path, offset, size, "damaged run", len(scan.changes))
+            if os.fstat(fd).st_size != scan.end:
+                _set_aside(path, scan.end, os.fstat(fd).st_size - scan.end, "torn or corrupt tail", len(scan.changes))
+                os.ftruncate(fd, scan.end)
                 os.fsync(fd)
             fsync_dir(data_dir)
         except BaseException:
             os.close(fd)
             raise
         floor = snapshot.seq if snapshot is not None else 0
-        return cls(data_dir, config, fd, valid_size), Recovered(snapshot, [c for c in changes if c.seq > floor])
+        changes = [c for c in scan.changes if c.seq > floor]
+        num_damaged = sum(size for _, size in scan.skipped)
+        return cls(data_dir, config, fd, scan.end), Recovered(snapshot, changes, num_damaged)
 
     @property
     def num_bytes(self) -> int:
@@ -167,71 +192,103 @@ class Journal:
 
 
 def _frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_FRAME_BYTES:
+        raise RecordTooLarge(f"a journal or snapshot frame holds at most {MAX_FRAME_BYTES} bytes, this one "
+                             f"would take {len(payload)}")
     length = struct.pack("<I", len(payload))
     return _HEADER.pack(len(payload), zlib.crc32(payload, zlib.crc32(length))) + payload
 
 
-def _frames(data: bytes, max_record_bytes: int) -> tuple[list[tuple[bytes, int]], int]:
-    """[(payload, end offset)] of the valid prefix of ``data`` and the end of that prefix."""
-    frames, offset = [], 0
-    while len(data) - offset >= _HEADER.size:
-        length, crc = _HEADER.unpack_from(data, offset)
-        end = offset + _HEADER.size + length
-        if length > max_record_bytes or end > len(data):
-            break
-        payload = data[offset + _HEADER.size : end]
-        if zlib.crc32(payload, zlib.crc32(struct.pack("<I", length))) != crc:
-            break
-        frames.append((payload, end))
-        offset = end
-    return frames, offset
+def _payload_at(data: bytes, offset: int) -> bytes | None:
+    """The payload of the frame at ``offset`` if it fits ``data`` and passes its CRC, else None.
+
+    No length cap: the data is already in memory, and the CRC covers the length field too."""
+    if len(data) - offset < _HEADER.size:
+        return None
+    length, crc = _HEADER.unpack_from(data, offset)
+    start = offset + _HEADER.size
+    if length > len(data) - start:
+        return None
+    payload = data[start : start + length]
+    return payload if zlib.crc32(payload, zlib.crc32(data[offset : offset + 4])) == crc else None
 
 
-def _read_journal(path: Path, config: DurabilityConfig) -> tuple[list[Change], int]:
-    """Complete changes and the byte size they span (anything after is the caller's to set aside)."""
-    data = path.read_bytes() if path.exists() else b""
-    frames, valid_size = _frames(data, config.max_record_bytes)
+def _change_at(data: bytes, offset: int, decoder: msgspec.msgpack.Decoder[Change]) -> tuple[Change, int] | None:
+    """The change in the frame at ``offset`` and the frame's end, or None if the frame is not valid."""
+    payload = _payload_at(data, offset)
+    if payload is None:
+        return None
+    try:
+        return decoder.decode(payload), offset + _HEADER.size + len(payload)
+    except msgspec.DecodeError:  # CRC fine but not a Change: damage like any other
+        return None
+
+
+def _next_frame(data: bytes, start: int, after_seq: int,
+                decoder: msgspec.msgpack.Decoder[Change]) -> tuple[int, Change, int] | None:
+    """The first offset at or after ``start`` holding a frame that passes its CRC, decodes as a ``Change``
+    and has ``seq > after_seq`` (a frame found by scanning needs more evidence than one found in place).
+
+    Only offsets whose payload opens like a ``Change`` (a msgpack map whose first key is "seq") are
+    checked, so a scan through megabytes of damage costs one ``find`` per candidate, not a CRC per byte."""
+    position = start + _HEADER.size + 1
+    while (hit := data.find(_CHANGE_KEY, position)) >= 0:
+        offset = hit - _HEADER.size - 1
+        position = hit + 1
+        if data[hit - 1] & 0xF0 != 0x80:  # a fixmap: Change has fewer than 16 fields
+            continue
+        found = _change_at(data, offset, decoder)
+        if found is not None and found[0].seq > after_seq:
+            return offset, *found
+    return None
+
+
+def _scan_journal(data: bytes) -> _Scan:
+    """Every valid frame of ``data``: in place while they chain, by resynchronising after damage."""
     decoder = msgspec.msgpack.Decoder(Change)
     changes: list[Change] = []
-    for payload, end in frames:
-        try:
-            changes.append(decoder.decode(payload))
-        except msgspec.DecodeError:  # CRC fine but not a Change: treat like corruption from here on
-            valid_size = end - len(payload) - _HEADER.size
-            break
-    return changes, valid_size
+    skipped: list[tuple[int, int]] = []
+    offset = 0
+    while offset < len(data):
+        found = _change_at(data, offset, decoder)
+        if found is None:
+            resync = _next_frame(data, offset + 1, changes[-1].seq if changes else 0, decoder)
+            if resync is None:
+                break  # nothing valid follows: a torn or corrupt tail
+            skipped.append((offset, resync[0] - offset))
+            found = resync[1:]
+        changes.append(found[0])
+        offset = found[1]
+    return _Scan(changes, skipped, offset)
 
 
-def _set_aside_tail(path: Path, valid_size: int, num_kept: int) -> Path:
-    """Copy the bytes after the valid prefix to a private side file (durably) before the journal is cut."""
-    aside = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{time.time_ns()}")
+def _set_aside(path: Path, offset: int, size: int, what: str, num_kept: int) -> Path:
+    """Copy ``size`` bytes at ``offset`` to a private side file (durably) before the journal loses them."""
+    aside = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{time.time_ns()}-at-{offset}")
     with open(path, "rb") as source, open(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE),
                                           "wb") as target:
-        source.seek(valid_size)
-        num_bytes = 0
-        while chunk := source.read(1 << 20):
+        source.seek(offset)
+        remaining = size
+        while remaining and (chunk := source.read(min(remaining, 1 << 20))):
             target.write(chunk)
-            num_bytes += len(chunk)
+            remaining -= len(chunk)
         target.flush()
         os.fsync(target.fileno())
     fsync_dir(path.parent)
-    logger.warning(
-        "memory journal %s: a torn or corrupt tail of %d bytes at offset %d was moved aside to %s; "
-        "kept %d complete records",
-        path, num_bytes, valid_size, aside.name, num_kept,
-    )
+    logger.warning("memory journal %s: a %s of %d bytes at offset %d was copied aside to %s; kept %d valid records",
+                   path, what, size, offset, aside.name, num_kept)
     return aside
 
 
-def _read_snapshot(path: Path, config: DurabilityConfig) -> Snapshot | None:
+def _read_snapshot(path: Path) -> Snapshot | None:
     if not path.exists():
         return None
     data = path.read_bytes()
-    frames, end = _frames(data, max(config.max_record_bytes, len(data)))
-    if len(frames) != 1 or end != len(data):
+    payload = _payload_at(data, 0)
+    if payload is None or _HEADER.size + len(payload) != len(data):
         raise CorruptSnapshot(f"memory snapshot {path} fails its length/CRC check")
     try:
-        snapshot = msgspec.msgpack.decode(frames[0][0], type=Snapshot)
+        snapshot = msgspec.msgpack.decode(payload, type=Snapshot)
     except msgspec.DecodeError as err:
         raise CorruptSnapshot(f"memory snapshot {path} cannot be decoded: {err}") from None
     if snapshot.format != _SNAPSHOT_FORMAT:

@@ -30,15 +30,18 @@ def encode_jsonl(records: Iterable[StoredRecord]) -> Iterator[bytes]:
         yield bytes(chunk)
 
 
-def decode_jsonl(data: bytes) -> list[StoredRecord]:
-    """Every non-blank line decoded and type-checked; the first bad line is named in the error."""
+def decode_jsonl(data: bytes, first_line: int = 1) -> list[StoredRecord]:
+    """Every non-blank line decoded and type-checked; the first bad line is named in the error (numbered
+    from ``first_line``: a caller decoding a body slice by slice)."""
     decoder = msgspec.json.Decoder(StoredRecord)
     records: list[StoredRecord] = []
-    for line_number, line in enumerate(data.splitlines(), start=1):
+    for line_number, line in enumerate(data.splitlines(), start=first_line):
         if not line.strip():
             continue
         try:
             records.append(decoder.decode(line))
         except msgspec.DecodeError as err:  # ValidationError is a DecodeError
             raise InvalidMemory(f"line {line_number}: {err}") from None
+        except RecursionError:  # msgspec's depth guard
+            raise InvalidMemory(f"line {line_number}: arrays and objects are nested too deeply") from None
     return records

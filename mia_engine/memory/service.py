@@ -44,6 +44,7 @@ from .entries import (
 )
 from .jsonl import decode_jsonl
 from .store import ExperienceStore, SearchQuery, store_device
+from .validation import check_record_texts, check_text_lengths
 
 T = TypeVar("T")
 
@@ -127,6 +128,8 @@ class MemoryService:
 
     async def add(self, memory: NewMemory) -> AddResult:
         """Store one memory (or replace its duplicate); durable when this returns."""
+        check_text_lengths(self._config.text_limits, question=memory.question, caption=memory.caption,
+                           workflow_summary=memory.workflow_summary, plan=memory.plan, trajectory=memory.trajectory)
         bucket = self._bucket(memory.modality, memory.caption, memory.category)
         key_q, key_c = await self._embed(memory.question, memory.caption)
         entry = _entry(memory, bucket, key_q, key_c)
@@ -143,6 +146,7 @@ class MemoryService:
         num_negative: int | None = None,
     ) -> SearchResult:
         """Top positives and negatives of the query's bucket, each with its score terms."""
+        check_text_lengths(self._config.text_limits, question=question, caption=caption)
         bucket = self._bucket(modality, caption, category)
         query_q, query_c = await self._embed(question, caption)
         if self._is_closed:
@@ -199,12 +203,15 @@ class MemoryService:
     # ---- Meta Plan Memory ----------------------------------------------------------------
 
     async def add_meta_plan(self, question: str, successful_plan: str, failed_plan: str) -> MetaPlanPair:
+        check_text_lengths(self._config.text_limits, question=question, successful_plan=successful_plan,
+                           failed_plan=failed_plan)
         key_q, _ = await self._embed(question, None)
         pair = _meta_plan_pair(question, successful_plan, failed_plan, key_q)
         return await self._run(self._store.add_meta_plan, pair)
 
     async def search_meta_plans(self, question: str, k: int | None = None) -> list[MetaPlanHit]:
         """Pairs of the ``k`` most similar past questions, for the Router's prompt."""
+        check_text_lengths(self._config.text_limits, question=question)
         key_q, _ = await self._embed(question, None)
         return await self._run(self._store.search_meta_plans, key_q, self._config.num_meta_plans if k is None else k)
 
@@ -218,7 +225,10 @@ class MemoryService:
         return await self._run(self._store.export_records)
 
     async def import_records(self, records: Sequence[StoredRecord]) -> int:
-        """Upsert exported records verbatim; records with empty embeddings are embedded first."""
+        """Upsert exported records verbatim; records with empty embeddings are embedded first (their texts
+        checked before, so no over-long text reaches the encoder)."""
+        for record in records:
+            check_record_texts(self._config.text_limits, record)
         return await self._run(self._store.import_records, await self._with_embeddings(records))
 
     async def import_jsonl(self, data: bytes) -> int:

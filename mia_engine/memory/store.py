@@ -9,6 +9,7 @@ and only then applied in memory, so what is in memory is always what a restart w
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -88,6 +89,10 @@ class ExperienceStore:
         self._last_clear_at: float | None = None
         self._seq = 0
         self._num_since_snapshot = 0
+        self._snapshot_retry_at = -math.inf
+        """Clock time before which no periodic snapshot is tried (set after a failure)."""
+        self._snapshot_backoff_s = config.durability.snapshot_retry_s
+        """Wait after the next failure; doubles per consecutive failure, reset by a success."""
 
     @classmethod
     def open(
@@ -111,6 +116,8 @@ class ExperienceStore:
             journal.close()
             raise
         store._num_since_snapshot = len(recovered.changes)
+        if recovered.num_damaged_bytes:
+            store._compact_after_damage()
         return store
 
     # ---- reads ---------------------------------------------------------------------------
@@ -218,7 +225,7 @@ class ExperienceStore:
             results.append(result)
             puts += change.put_entries
             deletes += change.delete_entries
-        pairs = [validated_pair(self._stamped_pair(pair), self._dim)] if pair is not None else []
+        pairs = [validated_pair(self._stamped_pair(pair), self._config, self._dim)] if pair is not None else []
         if puts or pairs:
             self._commit(Change(0, put_entries=puts, delete_entries=deletes, put_meta_plans=pairs))
         return ConsolidationResult(results[0], results[1], pairs[0].id if pairs else None)
@@ -241,7 +248,7 @@ class ExperienceStore:
         return len(updates)
 
     def add_meta_plan(self, pair: MetaPlanPair) -> MetaPlanPair:
-        pair = validated_pair(self._stamped_pair(pair), self._dim)
+        pair = validated_pair(self._stamped_pair(pair), self._config, self._dim)
         self._commit(Change(0, put_meta_plans=[pair]))
         return pair
 
@@ -346,11 +353,34 @@ class ExperienceStore:
         return msgspec.structs.replace(change, delete_entries=[*change.delete_entries, *removed])
 
     def _periodic_snapshot(self) -> None:
-        """A failed snapshot must not fail the write that triggered it: that write is already durable."""
+        """A failed snapshot must not fail the write that triggered it: that write is already durable.
+
+        Any error is logged and the next attempt waits (``durability.snapshot_retry_s``, doubling)."""
+        now = self._clock()
+        if now < self._snapshot_retry_at:
+            return
         try:
             self.compact()
-        except OSError as err:
-            logger.warning("memory snapshot failed, the journal keeps growing until one succeeds: %s", err)
+        except Exception as err:  # noqa: BLE001 - whatever failed, the acknowledged write stands
+            delay = self._snapshot_backoff_s
+            self._snapshot_retry_at = now + delay
+            self._snapshot_backoff_s = min(2 * delay, self._config.durability.max_snapshot_retry_s)
+            logger.warning("memory snapshot failed (%s: %s); the writes are durable in the journal, which keeps "
+                           "growing until a snapshot succeeds; next try in %.0f s", type(err).__name__, err, delay)
+            return
+        self._snapshot_retry_at = -math.inf
+        self._snapshot_backoff_s = self._config.durability.snapshot_retry_s
+
+    def _compact_after_damage(self) -> None:
+        """Replay skipped damaged journal bytes (copied aside): a snapshot now leaves a clean journal."""
+        try:
+            self.compact()
+        except Exception as err:  # noqa: BLE001 - the store is whole in memory; the next start resyncs again
+            logger.warning("memory journal: compacting after skipping damaged bytes failed (%s: %s); the next "
+                           "start will skip them again", type(err).__name__, err)
+            return
+        logger.warning("memory journal: rewritten as a snapshot after skipping damaged bytes; %d memories, "
+                       "%d Meta Plan pairs", len(self._entries), len(self._meta_plans))
 
     def _apply(self, change: Change) -> None:
         self._remove_entries(change.delete_entries)  # one batch: each index compacts once at most

@@ -6,12 +6,48 @@ import math
 
 import numpy as np
 
-from .config import MemoryConfig
+from .config import MemoryConfig, TextLimits
 from .entries import BucketKey, InvalidMemory, MemoryEntry, MetaPlanPair, StoredRecord, vector_from_bytes
 
 UNIT_NORM_TOLERANCE = 1e-3
 """|‖e‖ − 1| above this is not an encoder's output: one NaN or unnormalised key would poison every
 score of its bucket (min-max normalisation spans the bucket)."""
+
+
+_TEXT_LIMITS: dict[str, str] = {
+    "id": "max_id_chars",
+    "question": "max_question_chars",
+    "caption": "max_caption_chars",
+    "workflow_summary": "max_summary_chars",
+    "plan": "max_plan_chars",
+    "successful_plan": "max_plan_chars",
+    "failed_plan": "max_plan_chars",
+    "trajectory": "max_trajectory_chars",
+}
+"""Each text field of a memory, a Meta Plan pair or a query, and the ``TextLimits`` field that caps it."""
+
+
+class TextTooLong(InvalidMemory):
+    """A text field over its ``memory.text_limits`` cap; ``field`` names it (the HTTP error's ``param``)."""
+
+    def __init__(self, field: str, length: int, limit_name: str, limit: int) -> None:
+        super().__init__(f"{field} is {length} characters long; the limit is {limit} "
+                         f"(memory.text_limits.{limit_name})")
+        self.field = field
+
+
+def check_text_lengths(limits: TextLimits, **texts: str | None) -> None:
+    """Refuse the first text over its cap; the keywords are field names of ``_TEXT_LIMITS``."""
+    for field, text in texts.items():
+        limit_name = _TEXT_LIMITS[field]
+        limit = getattr(limits, limit_name)
+        if text is not None and len(text) > limit:
+            raise TextTooLong(field, len(text), limit_name, limit)
+
+
+def check_record_texts(limits: TextLimits, record: StoredRecord) -> None:
+    """``check_text_lengths`` of every text field of a stored record."""
+    check_text_lengths(limits, **{field: getattr(record, field) for field in _TEXT_LIMITS if hasattr(record, field)})
 
 
 def bucket_key(config: MemoryConfig, modality: str, category: str | None) -> BucketKey:
@@ -20,7 +56,7 @@ def bucket_key(config: MemoryConfig, modality: str, category: str | None) -> Buc
         raise InvalidMemory(f"modality must be 'text' or 'text_image', got {modality!r}")
     category = category or config.default_category
     if category not in config.categories:
-        raise InvalidMemory(f"unknown category {category!r}; expected one of {list(config.categories)}")
+        raise InvalidMemory(f"unknown category {category[:64]!r}; expected one of {list(config.categories)}")
     return BucketKey(modality, category)  # type: ignore[arg-type]
 
 
@@ -28,6 +64,7 @@ def validated_entry(entry: MemoryEntry, config: MemoryConfig, dim: int) -> Memor
     """Structs built in Python skip msgspec's type checks, so the store checks what it relies on."""
     if not entry.id:
         raise InvalidMemory("memory id must not be empty")
+    check_record_texts(config.text_limits, entry)
     if entry.label not in ("correct", "incorrect"):
         raise InvalidMemory(f"label must be 'correct' or 'incorrect', got {entry.label!r}")
     if not entry.category:
@@ -44,9 +81,10 @@ def validated_entry(entry: MemoryEntry, config: MemoryConfig, dim: int) -> Memor
     return entry
 
 
-def validated_pair(pair: MetaPlanPair, dim: int) -> MetaPlanPair:
+def validated_pair(pair: MetaPlanPair, config: MemoryConfig, dim: int) -> MetaPlanPair:
     if not pair.id:
         raise InvalidMemory("meta plan id must not be empty")
+    check_record_texts(config.text_limits, pair)
     _check_times(pair.created_at)
     unit_vector(pair.question_embedding, dim, "question_embedding")
     return pair
@@ -71,4 +109,4 @@ def _check_times(*times: float) -> None:
 def validated_record(record: StoredRecord, config: MemoryConfig, dim: int) -> StoredRecord:
     if isinstance(record, MemoryEntry):
         return validated_entry(record, config, dim)
-    return validated_pair(record, dim)
+    return validated_pair(record, config, dim)

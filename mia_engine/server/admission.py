@@ -5,23 +5,32 @@ as ``vllm serve`` queues; it gets 429 with ``Retry-After`` only when the queue i
 (``max_queued_per_key``) or its wait passes ``max_queue_wait_s``. A client that goes away while queued
 leaves the queue at once. A slot is held until the response (a stream included) is finished, and a
 freed slot passes straight to the first waiter, so a late arrival never overtakes the queue.
+
+Each client address has its own key (``client:<address>``) before the body bound, so one client cannot take
+every slot; those keys are reported together as ``server:clients`` (one series, whatever the number of
+clients). A client that stalls its body or stops reading is cut off by ``deadlines.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import AdmissionConfig
 from .errors import APIError, TooManyRequests
+
+CLIENT_PREFIX = "client:"
+"""Keys of one client address each: counted, but reported together under ``CLIENTS_KEY``."""
+CLIENTS_KEY = "server:clients"
 
 
 class ClientGone(APIError):
@@ -122,14 +131,19 @@ class Admission:
             del self._running[key]  # keys come from requests: keep only the running ones
 
     def running(self, key: str) -> int:
+        if key == CLIENTS_KEY:
+            return sum(n for k, n in self._running.items() if k.startswith(CLIENT_PREFIX))
         return self._running.get(key, 0)
 
     def queued(self, key: str) -> int:
+        if key == CLIENTS_KEY:
+            return sum(len(q) for k, q in self._waiters.items() if k.startswith(CLIENT_PREFIX))
         return len(self._waiters.get(key, ()))
 
     def keys(self) -> list[str]:
-        """Every key seen: running, queued or counted."""
-        return sorted({*self._running, *self._waiters, *self.stats})
+        """Every key seen: running, queued or counted (client keys as one, ``CLIENTS_KEY``)."""
+        seen = {_reported(key) for key in (*self._running, *self._waiters)}
+        return sorted({*seen, *self.stats})
 
     @asynccontextmanager
     async def slot(self, key: str, limit: int, *, param: str | None = None,
@@ -145,12 +159,12 @@ class Admission:
         return _Held(self, key, response)  # type: ignore[return-value]
 
     def _admitted(self, key: str, waited_s: float) -> None:
-        stats = self.stats.setdefault(key, KeyStats(num_rejected={}))
+        stats = self.stats.setdefault(_reported(key), KeyStats(num_rejected={}))
         stats.num_admitted += 1
         stats.wait_seconds += waited_s
 
     def _count(self, key: str, reason: str) -> None:
-        rejected = self.stats.setdefault(key, KeyStats(num_rejected={})).num_rejected
+        rejected = self.stats.setdefault(_reported(key), KeyStats(num_rejected={})).num_rejected
         rejected[reason] = rejected.get(reason, 0) + 1
 
     def _refusal(self, key: str, reason: str, what: str, param: str | None) -> TooManyRequests:
@@ -161,6 +175,37 @@ class Admission:
 
 def _name(key: str) -> str:
     return key.split(":", 1)[-1]
+
+
+def _reported(key: str) -> str:
+    """The key a slot's statistics are kept under: client keys come and go with clients, so one for all."""
+    return CLIENTS_KEY if key.startswith(CLIENT_PREFIX) else key
+
+
+def client_key(scope: Scope) -> str | None:
+    """``client:<address>`` of the request's peer (an IPv6 peer by its /64, which one host usually holds
+    whole); None where the server does not know it (a Unix socket)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    try:
+        address = ipaddress.ip_address(client[0])
+    except ValueError:
+        return f"{CLIENT_PREFIX}{client[0]}"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return f"{CLIENT_PREFIX}{address.ipv4_mapped}"
+        return f"{CLIENT_PREFIX}{ipaddress.ip_network(f'{address}/64', strict=False)}"
+    return f"{CLIENT_PREFIX}{address}"
+
+
+def _is_loopback(scope: Scope) -> bool:
+    try:
+        address = ipaddress.ip_address(scope["client"][0])
+    except (TypeError, ValueError, IndexError):
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 async def _disconnected(request: Request) -> None:
@@ -180,12 +225,17 @@ class _Held:
             await self._response(scope, receive, send)
         finally:
             self._admission.release(self._key)
+            body = getattr(self._response, "body_iterator", None)
+            if hasattr(body, "aclose"):  # a stream cut off mid-way: cancel its generation now, not at GC
+                await body.aclose()
 
 
 class AdmissionMiddleware:
     """One bound over every request with a body in flight (uploads included, before any route's own bound),
-    so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory. Requests over
-    it queue like any key's: a queued request has not had its body read, so waiting costs no body memory."""
+    so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory, and before it a
+    bound per client address (``max_concurrent_per_client``), so one client cannot take every body slot nor,
+    through them, every model slot. Requests over either queue like any key's: a queued request has not had
+    its body read, so waiting costs no body memory."""
 
     def __init__(self, app: ASGIApp, admission: Admission, limit: int) -> None:
         self.app = app
@@ -196,12 +246,26 @@ class AdmissionMiddleware:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
+        held: list[str] = []
         try:
-            await self.admission.acquire("server:bodies", self.limit)
-        except TooManyRequests as err:
-            await err.to_response()(scope, receive, send)
-            return
-        try:
+            try:
+                for key, limit in self._keys(scope):
+                    await self.admission.acquire(key, limit)
+                    held.append(key)
+            except TooManyRequests as err:
+                await err.to_response()(scope, receive, send)
+                return
             await self.app(scope, receive, send)
+        except ClientDisconnect:
+            pass  # gone while its body was read: nobody to answer
         finally:
-            self.admission.release("server:bodies")
+            for key in reversed(held):
+                self.admission.release(key)
+
+    def _keys(self, scope: Scope) -> list[tuple[str, int]]:
+        config = self.admission.config
+        per_client = config.max_concurrent_per_client
+        client = client_key(scope) if per_client else None
+        if client is not None and not config.bound_loopback_clients and _is_loopback(scope):
+            client = None
+        return [*([(client, per_client)] if client else []), ("server:bodies", self.limit)]

@@ -26,6 +26,7 @@ from ..engines.client import EngineClient
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentSource
 from .chat_api import chat_routes
+from .deadlines import DeadlineMiddleware
 from .completions_api import completion_routes
 from .embeddings_api import EncoderSource, embedding_routes
 from .errors import APIError
@@ -68,9 +69,10 @@ def build_app(
         *(embedding_routes(encoder, config) if encoder is not None else []),
     ]
     routes += [*openapi_routes([*routes, *extra_routes]), *extra_routes]
-    app = Starlette(routes=routes, lifespan=EngineLifespan(start, stop), exception_handlers={
+    app = Starlette(routes=routes, lifespan=EngineLifespan(start, stop, metrics.watch_loop_lag), exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)
+    app.add_middleware(DeadlineMiddleware, config=config.admission)  # runs before admission: its 429s too
     app.add_middleware(SecurityMiddleware, config=config)  # added last: runs first
     app.state.metrics = metrics
     app.state.admission = admission
@@ -80,19 +82,25 @@ def build_app(
 
 class EngineLifespan:
     """Starts the engines in the background once the server listens (so it answers 503 meanwhile), and
-    at shutdown cancels a start still running, then stops them."""
+    at shutdown cancels a start still running, then stops them; ``probe`` (the event-loop lag probe) runs
+    meanwhile."""
 
     def __init__(self, start: Callable[[], Awaitable[None]] | None,
-                 stop: Callable[[], Awaitable[None]] | None) -> None:
+                 stop: Callable[[], Awaitable[None]] | None, probe: Callable[[], Awaitable[None]] | None = None
+                 ) -> None:
         self._start = start
         self._stop = stop
+        self._probe = probe
 
     @asynccontextmanager
     async def __call__(self, app: Starlette) -> AsyncIterator[None]:
         starting = asyncio.create_task(self._start()) if self._start else None
+        probing = asyncio.create_task(self._probe()) if self._probe else None
         try:
             yield
         finally:
+            if probing:
+                probing.cancel()
             if starting and not starting.done():
                 starting.cancel()
             if self._stop:

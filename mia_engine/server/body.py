@@ -51,7 +51,8 @@ def validation_param(err: msgspec.ValidationError) -> str | None:
 
 
 def decode_body(body: bytes, decoder: msgspec.json.Decoder):  # type: ignore[type-arg]
-    """Decode and validate a JSON request body; any problem becomes a 400 that names the field."""
+    """Decode and validate a JSON request body; any problem becomes a 400 that names the field (nesting too
+    deep for the decoder included, so no body can raise past the route and cost the client its connection)."""
     if not body.strip():
         raise BadRequest("Request body is empty; expected a JSON object.")
     try:
@@ -60,3 +61,9 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder):  # type: ignore[typ
         raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
     except msgspec.DecodeError as err:
         raise BadRequest(f"Malformed JSON body: {err}") from None
+    except UnicodeDecodeError as err:  # msgspec checks UTF-8 only in the strings it keeps
+        raise BadRequest(f"Malformed JSON body: a string is not valid UTF-8 ({err.reason}).",
+                         code="invalid_utf8") from None
+    except RecursionError:  # msgspec's depth guard: the body nests deeper than the interpreter's stack allows
+        raise BadRequest("Malformed JSON body: arrays and objects are nested too deeply.",
+                         code="json_too_deep") from None

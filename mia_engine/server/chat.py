@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -17,8 +18,9 @@ from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient,
 from .completion_bodies import CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .images import image_param, image_parts, load_images
+from .limits import check_prompt_chars
 from .metrics import Metrics
-from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
+from .openai_bodies import (MAX_INT, AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
                             Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaToolCall, TextPart, TokenLogprobOut,
                             TopLogprobOut, Usage)
 from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, parsed_tool_calls, tool_mode
@@ -68,6 +70,8 @@ class ChatService:
         tools = tool_mode(request, can_parse=bool(request.tools) and self.client.parses_tool_calls(request.model))
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
+        check_prompt_chars(sum(len(message_text(m)) for m in request.messages),
+                           self.client.max_model_len(request.model), "messages", self.config.limits)
         try:
             extra = {"tools": tools.tools} if tools.tools else {}
             prompt_ids = await self.client.render_chat(request.model, messages, **extra)
@@ -117,12 +121,13 @@ class ChatService:
         async with aclosing(generation.rest) as rest:
             async for deltas in rest:
                 finals = deltas
-        want_logprobs = chat.options.logprobs is not None
-        choices = [Choice(d.index, *await self._answer(chat, d.text, d.finish_reason),
-                          _choice_logprobs(d.logprobs) if want_logprobs else None)
-                   for d in sorted(finals, key=lambda d: d.index)]
+        finals = sorted(finals, key=lambda d: d.index)
+        choices = [Choice(d.index, *await self._answer(chat, d.text, d.finish_reason)) for d in finals]
         usage = usage_of(chat, sum(d.num_tokens for d in finals))
-        return msgspec.json.encode(ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage))
+        completion = ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage)
+        if chat.options.logprobs is None:
+            return msgspec.json.encode(completion)
+        return await encode_with_logprobs(completion, [d.logprobs or [] for d in finals])
 
     async def stream(self, chat: PreparedChat, generation: Generation) -> AsyncIterator[bytes]:
         """Server-sent events: a role chunk, content chunks, an optional usage chunk, ``[DONE]``. Under
@@ -303,7 +308,7 @@ def logit_bias_ids(logit_bias: dict[str, float] | None) -> dict[int, float] | No
             token_id = int(key)
         except ValueError:
             raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias") from None
-        if token_id < 0:
+        if not 0 <= token_id <= MAX_INT:
             raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias")
         result[token_id] = min(100.0, max(-100.0, bias))
     return result
@@ -335,7 +340,7 @@ def constraint(request: ChatCompletionRequest | CompletionRequest) -> tuple[str 
         if isinstance(so.json, str):
             try:
                 schema = msgspec.json.decode(so.json)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
                 raise BadRequest("structured_outputs.json is not valid JSON.", param="structured_outputs.json") from None
             if not isinstance(schema, dict):
                 raise BadRequest("structured_outputs.json must be a JSON schema object.",
@@ -350,6 +355,43 @@ def constraint(request: ChatCompletionRequest | CompletionRequest) -> tuple[str 
         raise BadRequest("response_format of type json_schema needs json_schema.schema.",
                          param="response_format.json_schema")
     return None, fmt.json_schema.schema
+
+
+LOGPROB_TOKENS_PER_SLICE = 128
+"""Tokens whose log-probs are built and encoded between two turns of the event loop (a few milliseconds
+with 20 top candidates each)."""
+
+
+async def encode_with_logprobs(completion: ChatCompletion, logprobs: list[list[TokenLogprob]]) -> bytes:
+    """``completion`` encoded with each choice's log-probs (``logprobs[i]`` for ``choices[i]``), slice by
+    slice, giving the event loop a turn between slices: n = 16 choices of 4096 tokens with 20 top
+    candidates are over a million objects (in a thread they would still hold the GIL)."""
+    parts = []
+    for choice, choice_logprobs in zip(completion.choices, logprobs):
+        head = msgspec.json.encode(msgspec.structs.replace(choice, logprobs=ChoiceLogprobs([])))
+        before, found, after = head.partition(b'"logprobs":{"content":[]}')  # strings escape quotes: found once
+        assert found, "a choice encodes its log-probs field"
+        pieces = []
+        for start in range(0, len(choice_logprobs), LOGPROB_TOKENS_PER_SLICE):
+            content = _choice_logprobs(choice_logprobs[start:start + LOGPROB_TOKENS_PER_SLICE]).content
+            pieces.append(msgspec.json.encode(content)[1:-1])
+            await asyncio.sleep(0)
+        parts.append(before + b'"logprobs":{"content":[' + b",".join(pieces) + b"]}" + after)
+    return splice_choices(completion, parts)
+
+
+def encode_choices_apart(completion: Any, choices: list[Any]) -> bytes:
+    """``completion`` (a struct with a ``choices`` field) encoded with ``choices``, each encoded on its own
+    and spliced in: no single encoder call holds the interpreter (and so the event loop) for long."""
+    return splice_choices(completion, [msgspec.json.encode(c) for c in choices])
+
+
+def splice_choices(completion: Any, encoded: list[bytes]) -> bytes:
+    """``completion`` (a struct with a ``choices`` field) encoded with its choices given already encoded."""
+    head = msgspec.json.encode(msgspec.structs.replace(completion, choices=[]))
+    before, found, after = head.partition(b'"choices":[]')  # quotes inside strings are escaped: found once
+    assert found, "the completion encodes its choices field"
+    return before + b'"choices":[' + b",".join(encoded) + b"]" + after
 
 
 def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:

@@ -29,13 +29,13 @@ from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient,
 from .admission import Admission
 from .body import decode_body, read_body
 from .ignored_fields import warn_ignored
-from .chat import ChatService, Generation, chain, constraint, sampling_options, sse
+from .chat import ChatService, Generation, chain, constraint, encode_choices_apart, sampling_options, sse
 from .chat_api import until_disconnect
 from .completion_bodies import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
-from .limits import check_stop, check_structured
+from .limits import check_prompt_chars, check_stop, check_structured
 from .metrics import Metrics
-from .openai_bodies import Usage
+from .openai_bodies import MAX_INT, Usage
 from .openapi import ApiRoute
 
 
@@ -123,6 +123,7 @@ class CompletionHandlers:
         for index, prompt in enumerate(_prompts(body.prompt)):
             param = "prompt" if isinstance(body.prompt, str) else f"prompt[{index}]"
             if isinstance(prompt, str):
+                check_prompt_chars(len(prompt), self._client.max_model_len(body.model), param, self._config.limits)
                 ids = await self._client.tokenize(body.model, prompt, add_special_tokens=body.add_special_tokens)
                 echo = prompt if body.echo else ""
             else:
@@ -160,7 +161,7 @@ class CompletionHandlers:
 
     async def _complete(self, prepared: PreparedCompletion) -> Response:
         generations = await self._open(prepared, stream=False)
-        n, choices, num_generated = prepared.request.n, [], 0
+        n, numbered, num_generated = prepared.request.n, [], 0
         for number, (prompt, generation) in enumerate(zip(prepared.prompts, generations)):
             finals = generation.first
             async with aclosing(generation.rest) as rest:
@@ -168,10 +169,16 @@ class CompletionHandlers:
                     finals = deltas
             for d in sorted(finals, key=lambda d: d.index):
                 num_generated += d.num_tokens
-                choices.append(_choice(number * n + d.index, prompt.echo, d, prepared.request.logprobs))
+                numbered.append((number * n + d.index, prompt.echo, d))
         usage = _usage(prepared, num_generated)
-        completion = Completion(prepared.request_id, prepared.created, prepared.request.model, choices, usage)
-        return Response(msgspec.json.encode(completion), media_type="application/json")
+        completion = Completion(prepared.request_id, prepared.created, prepared.request.model, [], usage)
+        num_logprobs = prepared.request.logprobs
+        if num_logprobs is None:
+            completion.choices = [_choice(index, echo, d, None) for index, echo, d in numbered]
+            return Response(msgspec.json.encode(completion), media_type="application/json")
+        encoded = await asyncio.to_thread(  # many log-prob objects: built and encoded off the event loop
+            lambda: encode_choices_apart(completion, [_choice(i, e, d, num_logprobs) for i, e, d in numbered]))
+        return Response(encoded, media_type="application/json")
 
     async def _stream(self, prepared: PreparedCompletion, generations: list[Generation]) -> AsyncIterator[bytes]:
         """Server-sent events, prompt after prompt (all generate at once); an engine failure after the first
@@ -222,7 +229,7 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
 
 
 def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
 
 
 def _options(body: CompletionRequest) -> SamplingOptions:

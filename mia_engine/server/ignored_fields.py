@@ -19,7 +19,7 @@ def warn_ignored(route: str, body: bytes, struct_type: type[msgspec.Struct]) -> 
     """Log the top-level keys of ``body`` (an already validated JSON object) that ``struct_type`` lacks."""
     try:
         keys = _KEYS.decode(body)
-    except msgspec.DecodeError:  # validated already; nothing to say
+    except (msgspec.DecodeError, RecursionError):  # validated already (depth: this call's stack differs); nothing to say
         return
     ignored = sorted(set(keys) - set(struct_type.__struct_fields__))
     if ignored:

@@ -1,7 +1,8 @@
 """``image_url`` content parts → decoded, checked RGB images, or a 400 that names the part.
 
 Sources: ``data:image/...;base64,`` URLs always; ``file://`` URLs and plain paths only under
-``server.images.file_root``; ``http(s)://`` only with ``server.images.allow_remote``. The bytes decide the
+``server.images.file_root`` (no symbolic link below it followed, regular files only); ``http(s)://`` only with
+``server.images.allow_remote``, and only from public addresses (``remote_fetch``). The bytes decide the
 format (a declared MIME type that disagrees is refused), the header's size is checked before any pixel
 is decoded, and decoding runs in a worker thread: the event loop never parses an image.
 """
@@ -11,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import errno
 import io
+import os
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-import httpx
 import msgspec
 from PIL import Image
 
 from ..config import ImageInputConfig
 from .errors import BadRequest
 from .openai_bodies import ChatMessage, ImagePart
+from .remote_fetch import FetchFailed, fetch_public, parse_networks
 
 MIME_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP",
                 "image/gif": "GIF", "image/bmp": "BMP"}
@@ -101,42 +105,95 @@ def _data_url(url: str, config: ImageInputConfig, param: str) -> tuple[bytes, st
 
 
 def _local_file(url: str, config: ImageInputConfig, param: str) -> bytes:
+    """The bytes of a regular file under ``file_root``, opened without following any symbolic link below the
+    root (each folder, then the file, relative to the one before, so nothing swapped in meanwhile is
+    followed) and without blocking (a FIFO or device is refused, not waited on); at most ``max_bytes`` read."""
     if not config.file_root:
         raise BadRequest("Local image files are not read by this server; send the image as a data URL "
                          "(or set server.images.file_root).", param=param, code="local_images_disabled")
-    root = Path(config.file_root).expanduser().resolve()
     raw = unquote(urlparse(url).path) if url.lower().startswith("file:") else url
-    path = Path(raw).expanduser()
-    path = (path if path.is_absolute() else root / path).resolve()
-    if not path.is_relative_to(root):
+    if "\x00" in raw:
+        raise BadRequest("The image path contains a NUL character.", param=param, code="image_path_not_allowed")
+    root = Path(config.file_root).expanduser()
+    names = _names_under(root, Path(raw))  # no ~: the client's path is not in the server's home
+    if names is None:
         raise BadRequest("The image path is outside the folder this server reads images from.", param=param,
                          code="image_path_not_allowed")
     try:
-        if path.stat().st_size > config.max_bytes:
-            raise BadRequest(f"The image is larger than {config.max_bytes} bytes.", param=param,
-                             code="image_too_large")
-        return path.read_bytes()
+        fd = _open_beneath(root.resolve(), names)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BadRequest("The image path is outside the folder this server reads images from (symbolic "
+                             "links are not followed).", param=param, code="image_path_not_allowed") from None
+        raise BadRequest("The image file cannot be read.", param=param) from None
+    try:
+        return _read_regular(fd, config.max_bytes, param)
+    finally:
+        os.close(fd)
+
+
+def _names_under(root: Path, path: Path) -> list[str] | None:
+    """The path's components below ``root`` after removing ``.`` and ``..`` as text; None if it leaves it."""
+    if path.is_absolute():
+        path = Path(os.path.normpath(path))
+        for base in (Path(os.path.normpath(root)), root.resolve()):
+            if path.is_relative_to(base):
+                return list(path.relative_to(base).parts) or None
+        return None
+    relative = os.path.normpath(path)
+    if relative == "." or relative == ".." or relative.startswith("../"):
+        return None
+    return list(Path(relative).parts)
+
+
+def _open_beneath(root: Path, names: list[str]) -> int:
+    """A read-only descriptor of ``root/names...``, each component opened with ``O_NOFOLLOW`` relative to
+    the folder before it (``ELOOP`` on any symbolic link)."""
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in names[:-1]:
+            inner = _open_folder(name, folder)
+            os.close(folder)
+            folder = inner
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        return os.open(names[-1], flags, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def _open_folder(name: str, parent: int) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except NotADirectoryError:  # what O_DIRECTORY says of a symbolic link, even to a folder
+        if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            raise OSError(errno.ELOOP, "a symbolic link", name) from None
+        raise
+
+
+def _read_regular(fd: int, max_bytes: int, param: str) -> bytes:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise BadRequest("The image path is not a regular file.", param=param, code="image_path_not_allowed")
+    if info.st_size > max_bytes:
+        raise BadRequest(f"The image is larger than {max_bytes} bytes.", param=param, code="image_too_large")
+    data = bytearray()
+    try:
+        while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):
+            data += chunk
     except OSError:
         raise BadRequest("The image file cannot be read.", param=param) from None
+    if len(data) > max_bytes:  # grew since fstat
+        raise BadRequest(f"The image is larger than {max_bytes} bytes.", param=param, code="image_too_large")
+    return bytes(data)
 
 
 async def _fetch(url: str, config: ImageInputConfig, param: str) -> bytes:
-    """The body of ``url``, stopped as soon as it passes ``max_bytes``."""
-    chunks, size = [], 0
+    """The body of ``url`` through the SSRF guard; every failure is the same 400."""
     try:
-        async with httpx.AsyncClient(timeout=config.fetch_timeout_s, follow_redirects=False) as client:
-            async with client.stream("GET", url) as response:
-                if response.status_code != 200:
-                    raise BadRequest(f"Fetching the image answered HTTP {response.status_code}.", param=param)
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > config.max_bytes:
-                        raise BadRequest(f"The image is larger than {config.max_bytes} bytes.", param=param,
-                                         code="image_too_large")
-                    chunks.append(chunk)
-    except httpx.HTTPError as err:
-        raise BadRequest(f"The image could not be fetched: {type(err).__name__}.", param=param) from None
-    return b"".join(chunks)
+        allowed = parse_networks(config.remote_allowed_networks)
+        return await fetch_public(url, config.max_bytes, config.fetch_timeout_s, allowed)
+    except FetchFailed as err:
+        raise BadRequest(str(err), param=param, code="image_fetch_failed") from None
 
 
 def decode_image(data: bytes, declared: str | None, config: ImageInputConfig, param: str) -> Any:

@@ -7,6 +7,7 @@ import msgspec
 from ..config import LimitsConfig
 from .errors import BadRequest
 from .completion_bodies import CompletionRequest
+from .grammar_cost import regex_cost, schema_cost
 from .openai_bodies import ChatCompletionRequest
 
 
@@ -42,6 +43,8 @@ def check_structured(request: ChatCompletionRequest | CompletionRequest, limits:
     if so is not None:
         if so.regex is not None and len(so.regex) > limits.max_regex_chars:
             raise _over("structured_outputs.regex", "The regex's length", limits.max_regex_chars)
+        if so.regex is not None:
+            _check_cost("structured_outputs.regex", "The regex", regex_cost(so.regex), limits)
         if so.choice is not None:
             if len(so.choice) > limits.max_choices:
                 raise _over("structured_outputs.choice", f"{len(so.choice)} choices", limits.max_choices)
@@ -58,6 +61,18 @@ def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsCo
     size = len(schema.encode()) if isinstance(schema, str) else len(msgspec.json.encode(schema))
     if size > limits.max_json_schema_bytes:
         raise _over(param, f"The JSON schema ({size} bytes)", limits.max_json_schema_bytes)
+    if isinstance(schema, str):
+        try:
+            schema = msgspec.json.decode(schema)
+        except (msgspec.DecodeError, RecursionError):
+            return  # refused as invalid JSON when the constraint is read
+    _check_cost(param, "The JSON schema", schema_cost(schema), limits)
+
+
+def _check_cost(param: str, what: str, cost: float, limits: LimitsConfig) -> None:
+    """A constraint whose grammar would hold the engine's grammar compiler for long (``grammar_cost``)."""
+    if cost > limits.max_grammar_cost:
+        raise _over(param, f"{what}'s grammar (estimated compile cost {cost:.0f})", limits.max_grammar_cost)
 
 
 def _check_ground_truth(truth: str | list[str] | None, limits: LimitsConfig) -> None:
@@ -69,3 +84,13 @@ def _check_ground_truth(truth: str | list[str] | None, limits: LimitsConfig) -> 
 def check_question(question: str, param: str, limits: LimitsConfig) -> None:
     if len(question) > limits.max_question_chars:
         raise _over(param, f"The question's length ({len(question)} characters)", limits.max_question_chars)
+
+
+def check_prompt_chars(num_chars: int, max_model_len: int, param: str, limits: LimitsConfig) -> None:
+    """A prompt too long to fit the context whatever its tokens (``max_chars_per_token``), refused before
+    it is tokenised."""
+    limit = max_model_len * limits.max_chars_per_token
+    if num_chars > limit:
+        raise BadRequest(f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+                         f"{num_chars} characters (more than {limits.max_chars_per_token} a token).", param=param,
+                         code="context_length_exceeded")

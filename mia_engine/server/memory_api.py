@@ -2,14 +2,18 @@
 ``MemoryHandle``, asked for the service on each request: 503 until the store is open). The request and
 response bodies are in ``memory_bodies.py``.
 
-Reads (search, get, stats) need the API key; writes, imports, exports and deletes need the admin
-key. Every route takes a ``/v1/memory`` admission slot. Each handler turns the store's own errors
-into OpenAI-style error bodies itself, so the routes are correct mounted alone (behind the
-``SecurityMiddleware``); the main app's exception handler then only sees what they did not anticipate.
+The stats need the API key; everything that returns stored questions (search, get, export) and every
+write, import and delete need the admin key: memories come only from the admin scope (adds, imports,
+``learn: true``), so any API key holder would otherwise read every learned question. The agent's own
+retrieval inside a request is not a route and is not affected. Every route takes a ``/v1/memory``
+admission slot. Each handler turns the store's own errors into OpenAI-style error bodies itself, so the
+routes are correct mounted alone (behind the ``SecurityMiddleware``); the main app's exception handler
+then only sees what they did not anticipate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -20,10 +24,11 @@ from starlette.routing import BaseRoute
 from ..config import AdmissionConfig, ServerConfig
 from ..memory.embedder import EncoderBusy
 from ..memory.entries import (AddResult, InvalidMemory, MemoryNotFound, MemoryStats, MemoryStoreError,
-                              MemoryUnavailable, RecordTooLarge)
+                              MemoryUnavailable, RecordTooLarge, StoredRecord)
 from ..memory.handle import MemoryHandle
-from ..memory.jsonl import encode_jsonl
+from ..memory.jsonl import decode_jsonl, encode_jsonl
 from ..memory.service import MemoryService
+from ..memory.validation import TextTooLong
 from .admission import Admission
 from .body import read_body, read_json
 from .errors import APIError, BadRequest, NotFound, PayloadTooLarge, TooManyRequests, Unavailable
@@ -48,7 +53,7 @@ def memory_routes(memory: MemoryService | MemoryHandle, config: ServerConfig | N
         ApiRoute("/v1/memory/add", api(handlers.add), method="POST", summary="Store a workflow memory",
                  request_type=AddRequest, response_type=AddResult, is_admin=True),
         ApiRoute("/v1/memory/search", api(handlers.search), method="POST", summary="Top memories of a question",
-                 request_type=SearchRequest, response_type=SearchResponse),
+                 request_type=SearchRequest, response_type=SearchResponse, is_admin=True),
         ApiRoute("/v1/memory/export", api(handlers.export), method="GET", summary="Every record, as JSON lines",
                  media_type="application/x-ndjson", is_admin=True),
         ApiRoute("/v1/memory/import", api(handlers.import_), method="POST",
@@ -56,7 +61,7 @@ def memory_routes(memory: MemoryService | MemoryHandle, config: ServerConfig | N
         ApiRoute("/v1/memory/stats", api(handlers.stats), method="GET", summary="Store summary",
                  response_type=MemoryStats),
         ApiRoute("/v1/memory/{memory_id}", api(handlers.get), method="GET", summary="One memory",
-                 response_type=MemoryView),
+                 response_type=MemoryView, is_admin=True),
         ApiRoute("/v1/memory/{memory_id}", api(handlers.delete), method="DELETE", summary="Delete a memory",
                  response_type=DeleteResponse, is_admin=True),
     ]
@@ -100,10 +105,32 @@ class _MemoryHandlers:
 
     async def import_(self, request: Request) -> Response:
         body = await read_body(request, self._service().config.max_import_bytes)
-        return json_response(ImportResponse(await self._service().import_jsonl(body)))
+        records = await decode_in_slices(body)
+        return json_response(ImportResponse(await self._service().import_records(records)))
 
     async def stats(self, request: Request) -> Response:
         return json_response(await self._service().stats())
+
+
+IMPORT_SLICE_BYTES = 128 * 1024
+"""Bytes of an import decoded between two turns of the event loop (a few milliseconds of decoding)."""
+
+
+async def decode_in_slices(data: bytes) -> list[StoredRecord]:
+    """``decode_jsonl`` over slices of about ``IMPORT_SLICE_BYTES`` cut at line ends, giving the event loop a
+    turn between slices: a whole import (up to ``max_import_bytes``) would hold it for seconds. Decoded on
+    the loop rather than in a thread, where the decoder's long native calls would hold the GIL anyway."""
+    records: list[StoredRecord] = []
+    start, line = 0, 1
+    while start < len(data):
+        end = data.find(b"\n", start + IMPORT_SLICE_BYTES)
+        end = len(data) if end < 0 else end + 1
+        piece = data[start:end]
+        records += decode_jsonl(piece, first_line=line)
+        line += piece.count(b"\n") + piece.count(b"\r") - piece.count(b"\r\n")  # as splitlines counts
+        start = end
+        await asyncio.sleep(0)
+    return records
 
 
 class _Guard:
@@ -135,7 +162,7 @@ def _store_error(err: MemoryStoreError) -> APIError:
     if isinstance(err, RecordTooLarge):
         return PayloadTooLarge(str(err), code="record_too_large")
     if isinstance(err, InvalidMemory):
-        return BadRequest(str(err))
+        return BadRequest(str(err), param=err.field if isinstance(err, TextTooLong) else None)
     if isinstance(err, MemoryUnavailable):
         return Unavailable(str(err), code="memory_not_ready")  # behind the API key: the reason helps operators
     return Unavailable("the memory store cannot serve this request (details are in the server log)",

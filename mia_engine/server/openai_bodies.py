@@ -11,6 +11,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+MAX_INT = 2**31 - 1
+"""Largest count, length or token id a request may carry: vLLM's engine serialises such fields as fixed-width
+integers, so a larger one is refused here with a 400 naming the field, not deep inside the engine."""
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+"""A sampling seed: any 64-bit signed integer."""
+
 
 class TextPart(msgspec.Struct, tag_field="type", tag="text"):
     text: str
@@ -104,13 +110,13 @@ class ResponseFormat(msgspec.Struct):
 class ChatCompletionRequest(msgspec.Struct):
     model: str
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    n: Annotated[int, Meta(ge=1)] = 1
+    n: Annotated[int, Meta(ge=1, le=MAX_INT)] = 1
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
@@ -133,15 +139,15 @@ class ChatCompletionRequest(msgspec.Struct):
     function_call: str | dict | None = None
     """OpenAI's deprecated function calling: refused (use ``tool_choice``)."""
     # vLLM's sampling extensions.
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=MAX_INT)] | None = None
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
-    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    min_tokens: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
     ignore_eos: bool = False
     # Research-agent fields (model ``mia``); ignored by the raw roles.
     ground_truth: str | list[str] | None = None
     """Acceptable answers: the judge grades against them (supervised)."""
-    rollouts: Annotated[int, Meta(ge=1)] | None = None
+    rollouts: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
     """G, plans sampled and executed; default: the agent's low-latency setting (1), or with ``learn`` the
     learning G (``agent.num_rollouts``, 4)."""
     learn: bool = False

@@ -10,8 +10,10 @@ One ASGI middleware, in front of every route:
   them without a preflight, which this server never grants.
 - **Keys and scopes**: ``/v1``, ``/tokenize`` and ``/detokenize`` need ``Authorization: Bearer <api_key>`` when one is set; the admin key
   also opens the admin scope (adapters, learning, memory writes/imports/exports), which handlers demand
-  with ``require_admin``. On a keyed non-loopback bind ``/metrics`` needs the key too (``/health`` never does,
-  so load balancers can probe it).
+  with ``require_admin``. Only the admin key opens it, on loopback too and with no API key set (``serve``
+  generates one where none is configured): another user of the machine must not change the model. On a
+  keyed non-loopback bind ``/metrics`` and ``/openapi.json`` need the key too (``/health`` never does, so
+  load balancers can probe it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 KEYED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 """Paths that need the API key when one is set: the API, and tokenisation, which costs the engines' CPU."""
+PUBLIC_KEYED_PREFIXES = ("/metrics", "/openapi.json")
+"""Paths that need the key too on a keyed non-loopback bind: what the server runs and how it is driven
+is nobody's business but its clients' there (on loopback, local tools read them without a key)."""
 
 
 def allowed_host_names(config: ServerConfig) -> frozenset[str]:
@@ -61,7 +66,7 @@ class SecurityMiddleware:
         self.hosts = allowed_host_names(config)
         self.user_key = f"Bearer {config.api_key}".encode() if config.api_key else None
         self.admin_key = f"Bearer {config.admin_api_key}".encode() if config.admin_api_key else None
-        self.keyed_prefixes = KEYED_PREFIXES + (("/metrics",) if is_keyed_public(config) else ())
+        self.keyed_prefixes = KEYED_PREFIXES + (PUBLIC_KEYED_PREFIXES if is_keyed_public(config) else ())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,12 +101,13 @@ class SecurityMiddleware:
         if self.user_key is not None and path.startswith(self.keyed_prefixes):
             raise Unauthorized("Missing or invalid API key (send 'Authorization: Bearer <key>').",
                                code="invalid_api_key")
-        return "user" if self.admin_key is not None or self.user_key is not None else "admin"
+        return "user"
 
 
 def require_admin(request: Request, what: str, *, param: str | None = None) -> None:
-    """Refuse (403) unless the request authenticated with the admin key (or no key is configured at all)."""
+    """Refuse (403) unless the request authenticated with the admin key (none configured: always)."""
     if request.scope.get(SCOPE_KEY) == "admin":
         return
-    raise Forbidden(f"{what} needs the admin key (server.admin_api_key / MIA_ADMIN_API_KEY).", param=param,
+    raise Forbidden(f"{what} needs the admin key (server.admin_api_key / MIA_ADMIN_API_KEY; where none is "
+                    "set, the server generated one in the file admin_api_key of its data dir).", param=param,
                     code="admin_key_required")

@@ -24,7 +24,7 @@ from ..engines.client import EngineClient
 from .body import read_json
 from .chat import flatten_message
 from .errors import BadRequest, NotFound, Unavailable
-from .openai_bodies import ChatMessage
+from .openai_bodies import MAX_INT, ChatMessage
 from .openapi import ApiRoute
 from .responses import json_response
 
@@ -45,7 +45,7 @@ class TokenizeResponse(msgspec.Struct):
 
 class DetokenizeRequest(msgspec.Struct):
     model: str
-    tokens: list[Annotated[int, Meta(ge=0)]]
+    tokens: list[Annotated[int, Meta(ge=0, le=MAX_INT)]]
 
 
 class DetokenizeResponse(msgspec.Struct):

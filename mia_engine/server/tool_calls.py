@@ -103,12 +103,12 @@ def parse_tool_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
     if mode.named is not None:
         try:
             msgspec.json.decode(text)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return None
         return [ToolCall(_call_id(), FunctionCall(mode.named, text))]
     try:
         calls = msgspec.json.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if not isinstance(calls, list):
         return None

@@ -3,12 +3,15 @@ the Qwen-style tool schemas for its prompt.
 
 A bad call (unknown tool, wrong arguments, a tool that is off) is part of a trajectory, not an
 error of the engine: it becomes an unsuccessful ``Observation`` whose text tells the Executor what
-was wrong, and the Executor's offline reward counts it against the call.
+was wrong, and the Executor's offline reward counts it against the call. A tool that fails says only
+its name and the error's class: observations reach clients (traces, streamed progress) and memory, so
+the error's own text, which may name server paths or URLs, goes to the server log alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from . import ToolUnavailable
@@ -19,6 +22,8 @@ from .search import LocalSearch, render_results
 from .web import OFF_MESSAGE, WebSearch
 
 SEARCH, IMAGE_SEARCH = "search", "web_image_to_image_search"
+
+log = logging.getLogger(__name__)
 
 
 class ToolContext:
@@ -67,7 +72,9 @@ class Tools:
         except ToolUnavailable as err:
             return _failed(call.name, f"Error: {err}")
         except Exception as err:  # noqa: BLE001 - a tool bug must not end the rollout
-            return _failed(call.name, f"Error: tool {call.name!r} failed: {type(err).__name__}: {err}")
+            log.warning("tool %r failed: %s: %s", call.name, type(err).__name__, err, exc_info=True)
+            return _failed(call.name, f"Error: tool {call.name!r} failed ({type(err).__name__}); "
+                                      "the details are in the server log.")
 
     async def _search(self, arguments: dict[str, Any], max_words: int) -> Observation:
         queries, error = query_list(arguments, self._config.max_queries_per_call)

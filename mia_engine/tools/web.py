@@ -1,12 +1,14 @@
 """Web search through a Serper-compatible API (``POST <url>`` with ``X-API-KEY``, JSON ``{"q", "num"}``).
 
 Off unless both ``tools.serper_api_key`` and ``tools.serper_url`` are set: the engine never reaches
-the network on its own, and no endpoint is baked into the code.
+the network on its own, and no endpoint is baked into the code. A failed query tells the Executor (and
+so the client's trace) the error's class and HTTP status only; its text, which names the URL, is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ from .config import ToolsConfig
 from .corpus import Passage
 
 OFF_MESSAGE = "web search is off: set tools.serper_api_key and tools.serper_url"
+
+log = logging.getLogger(__name__)
 
 
 class WebSearch:
@@ -50,7 +54,8 @@ class WebSearch:
             response.raise_for_status()
             body = response.json()
         except Exception as err:  # network, HTTP status or JSON: one clear message for the Executor
-            raise ToolUnavailable(f"web search failed for {query!r}: {type(err).__name__}: {err}") from None
+            log.warning("web search at tools.serper_url failed: %s: %s", type(err).__name__, err)
+            raise ToolUnavailable(f"web search failed for {query!r}: {short_reason(err)}") from None
         return organic_passages(body, top_k)
 
     def _http(self) -> Any:
@@ -59,6 +64,13 @@ class WebSearch:
 
             self._client = httpx.AsyncClient()
         return self._client
+
+
+def short_reason(err: Exception) -> str:
+    """The error's class, with the HTTP status when the server answered one; never the error's text,
+    which names the endpoint's URL."""
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return f"{type(err).__name__} (HTTP {status})" if isinstance(status, int) else type(err).__name__
 
 
 def organic_passages(body: Any, top_k: int) -> list[Passage]:

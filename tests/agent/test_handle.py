@@ -17,3 +17,13 @@ def test_progress_of_the_index_build_is_public_while_it_runs() -> None:
     assert waiting_line("agent_not_ready", handle) == f"agent is not ready ({handle.progress()})"
     handle.fail("the sentence encoder failed to load: OSError at /secret/path")
     assert handle.progress() == "" and waiting_line("agent_not_ready", handle) == "agent is not ready"
+
+
+async def test_a_tool_that_fails_to_start_shows_callers_its_error_class_not_its_path(caplog) -> None:
+    """The 503 of model ``mia`` reaches any key holder: the missing corpus's path stays in the log."""
+    secret = "/srv/private-corpus/passages.jsonl"
+    handle = AgentHandle(load_config("tiny", {"tools.corpus": secret}))
+    await handle.prepare(None)
+    reason = handle.not_ready_reason()
+    assert reason == "the research agent's tools failed to start (FileNotFoundError; see the server log)"
+    assert secret in caplog.text

@@ -125,7 +125,7 @@ def test_cuda_and_auto_devices_are_the_gpu_the_budget_counts(planner_adapter: Pa
 def test_serve_refuses_an_over_committed_config_before_starting(planner_adapter: Path, tmp_path: Path) -> None:
     """What the dry run refuses, ``serve`` refuses too, with the same table, before any engine starts."""
     flags = [f"--{k}={v}" for k, v in MODELS.items()] + [f"--roles.planner.adapter={planner_adapter}"]
-    env = {**os.environ, "MIA_API_KEY": "k", "MIA_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "MIA_API_KEY": "api-key-of-16-chars", "MIA_HOME": str(tmp_path / "home")}
     started = time.monotonic()
     bad = subprocess.run([sys.executable, "-m", "mia_engine", "serve", "--config", CONFIG, *flags,
                           "--learner.device=cuda:3", f"--data-dir={tmp_path / 'data'}"],

@@ -16,7 +16,7 @@ import pytest
 
 from mia_engine.memory.config import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, RecordTooLarge, vector_to_bytes
-from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
+from mia_engine.memory.journal import JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
 from mia_engine.memory.store import ExperienceStore
 
 from .factories import FakeClock, make_entry, memory_config, open_store, state_of, unit
@@ -299,23 +299,6 @@ def test_import_is_written_in_changes_that_replay(tmp_path: Path) -> None:
     reopened = open_store(tmp_path, config)
     assert len(reopened) == 20
     reopened.close()
-
-
-def test_a_corrupt_tail_is_kept_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    ids = _fill(tmp_path, 4)
-    path = tmp_path / JOURNAL_NAME
-    data = bytearray(path.read_bytes())
-    cut = len(data) // 2
-    data[cut + 9] ^= 0xFF  # corrupt a middle record: it and everything after fail the check
-    path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger=JOURNAL_LOGGER):
-        store = open_store(tmp_path)
-    kept = [entry_id for entry_id in ids if entry_id in store]
-    store.close()
-    aside = [p for p in tmp_path.iterdir() if p.name.startswith(JOURNAL_NAME + CORRUPT_SUFFIX)]
-    assert len(aside) == 1 and aside[0].name in _journal_warnings(caplog)[0].getMessage()
-    assert path.read_bytes() + aside[0].read_bytes() == bytes(data)  # nothing was thrown away
-    assert aside[0].stat().st_mode & 0o777 == 0o600 and 0 < len(kept) < len(ids)
 
 
 def test_files_are_private(tmp_path: Path) -> None:

@@ -47,8 +47,10 @@ async def test_the_service_is_unavailable_until_the_store_opens(tmp_path: Path) 
 async def test_routes_over_the_handle_answer_503_until_the_store_opens_then_the_service(
         tmp_path: Path, embedder: Embedder) -> None:
     handle = MemoryHandle(tmp_path, memory_config())
-    app = Starlette(routes=memory_routes(handle), middleware=[Middleware(SecurityMiddleware, config=ServerConfig())])
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+    config = ServerConfig(admin_api_key="admin-key-of-this-test")  # memory writes are in the admin scope
+    app = Starlette(routes=memory_routes(handle), middleware=[Middleware(SecurityMiddleware, config=config)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                 headers={"Authorization": f"Bearer {config.admin_api_key}"}) as client:
         waiting = await client.get("/v1/memory/stats")
         assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "memory_not_ready"
         assert "opening" in waiting.json()["error"]["message"]

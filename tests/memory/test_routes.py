@@ -28,6 +28,8 @@ from tests.processes import free_port
 from .factories import memory_config
 
 NDJSON = {"content-type": "application/x-ndjson"}
+ADMIN_KEY = "admin-key-of-this-test"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the writes, imports and exports are in the admin scope
 ADD = {
     "question": "Who painted The Night Watch?",
     "workflow_summary": "1. **search** (painting → Rembrandt)",
@@ -45,7 +47,8 @@ async def service(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) 
 @pytest.fixture(scope="module")
 def base_url(service: MemoryService) -> Iterator[str]:
     port = free_port()
-    app = Starlette(routes=memory_routes(service), middleware=[Middleware(SecurityMiddleware, config=ServerConfig())])
+    app = Starlette(routes=memory_routes(service),
+                    middleware=[Middleware(SecurityMiddleware, config=ServerConfig(admin_api_key=ADMIN_KEY))])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, name="memory-http", daemon=True)
     thread.start()
@@ -60,7 +63,7 @@ def base_url(service: MemoryService) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def client(base_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=base_url, timeout=30) as http:
+    with httpx.Client(base_url=base_url, timeout=30, headers=ADMIN) as http:
         yield http
 
 
@@ -146,7 +149,7 @@ def test_wrong_method_is_not_a_500(client: httpx.Client) -> None:
 
 async def test_32_concurrent_adds_all_succeed(base_url: str, client: httpx.Client) -> None:
     before = client.get("/v1/memory/stats").json()["num_entries"]
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=ADMIN) as http:
         responses = await asyncio.gather(
             *(http.post("/v1/memory/add", json={**ADD, "question": f"concurrent question {i}"}) for i in range(32))
         )
@@ -205,4 +208,29 @@ def test_cross_site_text_plain_post_is_415(client: httpx.Client) -> None:
     before = client.get("/v1/memory/stats").json()["num_entries"]
     response = client.post("/v1/memory/add", content=msgspec.json.encode(ADD), headers={"content-type": "text/plain"})
     assert _error(response, 415)["code"] == "unsupported_media_type"
+    assert client.get("/v1/memory/stats").json()["num_entries"] == before
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/memory/add", "question"),
+        ("/v1/memory/add", "workflow_summary"),
+        ("/v1/memory/add", "plan"),
+        ("/v1/memory/add", "trajectory"),
+        ("/v1/memory/add", "caption"),
+        ("/v1/memory/search", "question"),
+        ("/v1/memory/search", "caption"),
+    ],
+)
+def test_a_text_field_over_its_cap_is_a_400_naming_it(client: httpx.Client, path: str, field: str) -> None:
+    """Each memory text field is capped (``memory.text_limits``) before it is embedded or journaled."""
+    limits = memory_config().text_limits
+    cap = {"question": limits.max_question_chars, "caption": limits.max_caption_chars,
+           "workflow_summary": limits.max_summary_chars, "plan": limits.max_plan_chars,
+           "trajectory": limits.max_trajectory_chars}[field]
+    body = {**(ADD if path.endswith("add") else {"question": ADD["question"]}), field: "x" * (cap + 1)}
+    before = client.get("/v1/memory/stats").json()["num_entries"]
+    error = _error(client.post(path, json=body), 400)
+    assert error["param"] == field and "text_limits.max_" in error["message"]
     assert client.get("/v1/memory/stats").json()["num_entries"] == before

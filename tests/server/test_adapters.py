@@ -36,16 +36,18 @@ def _engine_pids(server) -> set[int]:
     return {p.pid for p in psutil.Process(server.process.pid).children(recursive=True)}
 
 
-def _new_adapter(server, tmp_path: Path, seed: int) -> Path:
+def _new_adapter(server, seed: int, folder: Path | None = None) -> Path:
+    """A random planner adapter, by default under the server's data dir (publishing loads only from there
+    and the other configured adapter folders)."""
     config = json.loads(next(server.home.glob("models/tiny-*/base/config.json")).read_text())
-    out = tmp_path / f"planner-{seed}"
+    out = (folder or server.data_dir / "adapters" / "uploads") / f"planner-{seed}"
     write_lora_adapter(out, config, rank=8, alpha=16, target_modules=LORA_TARGETS, seed=seed, b_std=0.08,
                        base_model_name="mia-tiny")
     return out
 
 
-async def test_publish_while_16_requests_are_in_flight(own_server, own_openai_client, own_async_openai_client,
-                                                       tmp_path: Path) -> None:
+async def test_publish_while_16_requests_are_in_flight(own_server, own_openai_client,
+                                                       own_async_openai_client) -> None:
     pids = _engine_pids(own_server)
     before = _first_token_logprobs(own_openai_client)
     version_before = next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])
@@ -60,7 +62,7 @@ async def test_publish_while_16_requests_are_in_flight(own_server, own_openai_cl
         await asyncio.sleep(0.05)
         if sum(a["in_flight"] for a in _adapters(own_server) if a["role"] == "planner") >= 16:
             break
-    path = _new_adapter(own_server, tmp_path, seed=4242)
+    path = _new_adapter(own_server, seed=4242)
     response = await asyncio.to_thread(_publish, own_server, "planner", path)
     assert response.status_code == 200, response.text
     published = response.json()
@@ -84,11 +86,31 @@ async def test_publish_while_16_requests_are_in_flight(own_server, own_openai_cl
 
 def test_publish_rejects_bad_adapters(own_server, own_openai_client, tmp_path: Path) -> None:
     before = _first_token_logprobs(own_openai_client)
-    assert _publish(own_server, "planner", tmp_path / "missing").status_code == 400
-    bad_rank = _new_adapter(own_server, tmp_path, seed=1)
+    assert _publish(own_server, "planner", own_server.data_dir / "adapters" / "missing").status_code == 400
+    bad_rank = _new_adapter(own_server, seed=1)
     config = json.loads((bad_rank / "adapter_config.json").read_text())
     (bad_rank / "adapter_config.json").write_text(json.dumps({**config, "r": 64}))
     response = _publish(own_server, "planner", bad_rank)
     assert response.status_code == 400 and "rank" in response.json()["error"]["message"]
     assert _publish(own_server, "manager", tmp_path).status_code == 404
+    assert _first_token_logprobs(own_openai_client) == before
+
+
+def test_publish_loads_only_from_the_configured_adapter_folders(own_server, own_openai_client,
+                                                                tmp_path: Path) -> None:
+    """A valid adapter another user left in /tmp, or linked into the data dir, is refused (403 naming
+    ``path``) before the folder is read: the Planner keeps its weights and version."""
+    before = _first_token_logprobs(own_openai_client)
+    version = next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])["version"]
+    outside = _new_adapter(own_server, seed=7, folder=tmp_path)
+    link = own_server.data_dir / "adapters" / "uploads" / "linked"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside)
+    for path in (outside, link, own_server.data_dir / "adapters" / ".." / outside.name, tmp_path / "missing"):
+        response = _publish(own_server, "planner", path)
+        assert response.status_code == 403, (path, response.text)
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("path", "adapter_path_not_allowed")
+        assert str(own_server.data_dir) not in error["message"]
+    assert next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])["version"] == version
     assert _first_token_logprobs(own_openai_client) == before

@@ -62,6 +62,7 @@ async def _listing(host: _Replicas, tmp_path: Path) -> list[dict]:
 async def test_each_version_lists_the_replicas_that_hold_it(tmp_path: Path, skip, expected) -> None:
     (info,) = await _listing(_Replicas(2, skip), tmp_path)
     assert info["version"] == 1 and info["loaded_replicas"] == expected and info["num_replicas"] == 2
+    assert info["name"] == "planner@v1" and info["path"] is None  # no admin scope here: no folder shown
 
 
 async def test_an_engine_that_does_not_answer_leaves_the_replicas_unknown(tmp_path: Path) -> None:

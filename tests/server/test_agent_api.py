@@ -48,7 +48,7 @@ def test_research_with_four_rollouts_tools_judge_and_memory(tiny_server, openai_
         assert len(rollout["turns"]) == len(rollout["observations"]) >= 1
     assert set(trace["timings"]) >= {"retrieve", "plan", "route", "execute", "judge", "consolidate"}
     assert trace["new_memory_ids"], "a judged question must leave a workflow memory"
-    headers = {"Authorization": f"Bearer {tiny_server.api_key}"}
+    headers = {"Authorization": f"Bearer {tiny_server.admin_key}"}  # stored questions: the admin scope's
     for memory_id in trace["new_memory_ids"]:
         stored = httpx.get(f"{tiny_server.openai_url}/memory/{memory_id}", headers=headers)
         assert stored.status_code == 200 and stored.json()["question"] == QUESTION[0]["content"]

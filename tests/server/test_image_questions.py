@@ -4,6 +4,7 @@ image processor and vision tower), with the real ``openai`` client."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,8 +27,11 @@ def vl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle
     cache.mkdir(parents=True)
     (cache / "similar.png").write_bytes(encoded(colour=(30, 30, 30)))
     (cache / "meta.json").write_text(json.dumps([{"path": "similar.png", "caption": SIMILAR_TITLE}]))
+    (tmp / "images").mkdir()
+    os.mkfifo(tmp / "images" / "pipe.png")
     server = start_server(tmp, CONFIG, f"--tools.image_cache_dir={tmp / 'image_cache'}",
-                          "--agent.first_image_search=true")
+                          "--agent.first_image_search=true", "--server.images.allow_remote=true",
+                          f"--server.images.file_root={tmp / 'images'}")
     try:
         wait_ready(server)
         yield server
@@ -88,7 +92,11 @@ def test_a_vision_role_reads_the_image_itself(vl_server) -> None:
     (data_url(png_header_only(100_000, 100_000)), "pixels"),
     (data_url(b"plain text"), "not an image"),
     (data_url(encoded("JPEG"), "image/png"), "bytes are JPEG"),
-    ("https://example.com/tower.png", "Remote image URLs are not fetched"),
+    ("https://example.com/tower.png", "The image could not be fetched."),  # no network or a 404: one message
+    ("http://127.0.0.1:1/tower.png", "The image could not be fetched."),  # loopback: refused before connecting
+    ("http://169.254.169.254/latest/meta-data/", "The image could not be fetched."),
+    ("file:///x%00.png", "NUL"),
+    ("pipe.png", "not a regular file"),  # a FIFO under file_root: refused, not waited on
 ])
 def test_bad_images_are_a_400_store_nothing_and_leave_the_server_healthy(vl_server, url: str, words: str) -> None:
     admin = _openai(vl_server, 120, vl_server.admin_key)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
 import httpx
+import msgspec
 import pytest
 
 from mia_engine.config import LimitsConfig
+from mia_engine.models.tiny import build_tiny
+from mia_engine.server.errors import BadRequest
+from mia_engine.server.limits import check_chat_limits
+from mia_engine.server.openai_bodies import ChatCompletionRequest
 
 LIMITS = LimitsConfig()
 PROMPT = [{"role": "user", "content": "hello"}]
@@ -89,7 +98,83 @@ def test_grpo_limits(tiny_server, body: dict, param: str) -> None:
     assert response.status_code == 400 and error["param"].startswith(param), response.text
 
 
-@pytest.mark.parametrize("path", ["\x00", "a\x00b", "", "x" * 5000])
-def test_publish_paths_the_os_refuses_are_400(tiny_server, path: str) -> None:
-    """Found by tests/server/test_fuzz.py: a NUL byte in ``path`` was a 500."""
+@pytest.mark.parametrize("name", ["\x00", "a\x00b", "", "x" * 5000])
+def test_publish_paths_the_os_refuses_are_400(tiny_server, name: str) -> None:
+    """Found by tests/server/test_fuzz.py: a NUL byte in ``path`` was a 500 (under the data dir's adapters
+    folder, where publishing may load from)."""
+    path = f"{tiny_server.data_dir}/adapters/{name}" if name else name
     _assert_refused(_post(tiny_server, "/adapters/planner", {"path": path}, key=tiny_server.admin_key), 400, "path")
+
+
+def _wide_schemas() -> list[tuple[str, dict]]:
+    """Schemas that are cheap to send and (unbounded) slow to compile, each family from small to the byte cap."""
+    cases = []
+    for k in (50, 200, 400, 1000, 3000, 10000):
+        cases += [(f"pattern .{{0,{k}}}", {"type": "string", "pattern": f".{{0,{k}}}"}),
+                  (f"pattern a{{{k}}}", {"type": "string", "pattern": f"a{{{k}}}"}),
+                  (f"maxLength {k * 20}", {"type": "string", "maxLength": k * 20})]
+    for k in (100, 400, 800, 1400):
+        cases += [(f"{k} optional properties", {"type": "object", "properties": {str(i): {} for i in range(k)}})]
+    for k in (10, 60, 200):
+        cases += [(f"{k} integer ranges", {"type": "object", "required": [f"p{i}" for i in range(k)], "properties": {
+                      f"p{i}": {"type": "integer", "minimum": -987654321 + i, "maximum": 98765432 - i}
+                      for i in range(k)}}),
+                  (f"{k} formats", {"type": "object", "required": [f"p{i}" for i in range(k)], "properties": {
+                      f"p{i}": {"type": "string", "format": "date-time"} for i in range(k)}}),
+                  (f"{k} patterns [a-z]{{100}}", {"type": "object", "required": [f"p{i}" for i in range(k)],
+                                                  "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{100}"}
+                                                                 for i in range(k)}})]
+    cases += [("nested repeats", {"type": "string", "pattern": "((.{0,20}){20}){20}"}),
+              ("2000-value enum", {"enum": [f"v{i}" for i in range(2000)]}),
+              ("minItems 10000", {"type": "array", "items": {"type": "integer"}, "minItems": 10000}),
+              ("300 anyOf", {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}},
+                                        "required": [f"k{i}"]} for i in range(300)]})]
+    return [(name, schema) for name, schema in cases
+            if len(msgspec.json.encode(schema)) <= LIMITS.max_json_schema_bytes]
+
+
+@pytest.fixture(scope="module")
+def grammar_compiler(tmp_path_factory: pytest.TempPathFactory):
+    """xgrammar's compiler over the tiny model's tokenizer, set up as vLLM's xgrammar backend sets it up."""
+    xgr = pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+    folder: Path = tmp_path_factory.mktemp("tiny_model")
+    build_tiny(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder / "base")
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+    return xgr.GrammarCompiler(info, max_threads=8, cache_enabled=False)
+
+
+@pytest.mark.parametrize("name, schema", _wide_schemas(), ids=[name for name, _ in _wide_schemas()])
+def test_a_wide_schema_is_refused_or_compiles_within_a_second(grammar_compiler, name: str, schema: dict) -> None:
+    """No accepted schema holds the grammar compiler for a second (the engine's validation and its compile,
+    as the tiny config runs them: xgrammar, compact JSON)."""
+    import xgrammar as xgr
+    request = msgspec.convert({"model": "planner", "messages": PROMPT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}, ChatCompletionRequest)
+    try:
+        check_chat_limits(request, LIMITS)
+    except BadRequest as err:
+        assert err.param == "response_format.json_schema.schema" and err.code == "limit_exceeded", err
+        return
+    start = time.perf_counter()
+    xgr.Grammar.from_json_schema(json.dumps(schema))  # vLLM's validation when the request is added
+    grammar_compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "string", "pattern": "a{10000}"}}}}, "response_format.json_schema.schema"),
+    ({"structured_outputs": {"json": {"type": "object", "properties": {str(i): {} for i in range(1400)}}}},
+     "structured_outputs.json"),
+    ({"structured_outputs": {"regex": "[^x]{0,4000}[^y]{0,4000}"}}, "structured_outputs.regex"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 10000}}}}} for i in range(4)],
+      "tool_choice": "required"}, "tools"),
+])
+def test_an_expensive_grammar_is_refused_before_the_engine(tiny_server, extra: dict, param: str) -> None:
+    response = _post(tiny_server, "/chat/completions", {"model": "planner", "messages": PROMPT, "max_tokens": 4,
+                                                        **extra})
+    _assert_refused(response, 400, param)
+    assert response.elapsed.total_seconds() < 1

@@ -41,7 +41,7 @@ def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(tmp
     try:
         wait_ready(restarted)
         got = httpx.get(f"{restarted.openai_url}/memory/{small.json()['id']}",
-                        headers={"Authorization": f"Bearer {restarted.api_key}"})
+                        headers={"Authorization": f"Bearer {restarted.admin_key}"})  # the admin scope reads questions
         assert got.status_code == 200 and got.json()["question"] == ADD["question"]
         assert "corrupt tail" not in restarted.log_path.read_text()
     finally:

@@ -11,7 +11,8 @@ from mia_engine.server.app import build_app
 from mia_engine.server.learner_api import GRPORequest, learner_routes
 from mia_engine.server.openai_bodies import ChatCompletionRequest
 
-CONFIG = ServerConfig(allowed_hosts=["testserver"])
+ADMIN_KEY = "admin-key-of-this-test"
+CONFIG = ServerConfig(allowed_hosts=["testserver"], admin_api_key=ADMIN_KEY)
 GROUP = {"messages": [{"role": "user", "content": "hi"}],
          "completions": [{"text": "a", "reward": 1.0}, {"text": "b", "reward": 0.0}]}
 
@@ -53,6 +54,7 @@ def test_the_document_is_generated_from_the_structs() -> None:
 
 
 def test_a_chat_template_error_on_the_grpo_route_is_400() -> None:
-    response = _client().post("/v1/adapters/planner/grpo", json={"groups": [GROUP]})
+    response = _client().post("/v1/adapters/planner/grpo", json={"groups": [GROUP]},
+                              headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "groups[0].messages"

@@ -1,19 +1,27 @@
-"""Safe by default: Host check, JSON-only bodies, keys from the environment or a file, the admin scope,
-a refused non-loopback bind, and unauthenticated endpoints that leak nothing."""
+"""Safe by default: Host check, JSON-only bodies, keys from the environment or a file, the admin scope
+(with a generated admin key where none is given), key hygiene, a refused non-loopback bind, and
+unauthenticated endpoints that leak nothing."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from mia_engine import cli
+from mia_engine.base.keys import KeyFileError, admin_key
 from mia_engine.cli import parse_config
 from mia_engine.config import ConfigError
+from tests.conftest import ServerHandle, start_server, stop_server, wait_ready
+from tests.processes import refused_serve
 
 PROMPT = [{"role": "user", "content": "hello"}]
 ADD = {"question": "Who wrote Hamlet?", "workflow_summary": "1. **search** (-> Shakespeare)", "label": "correct"}
@@ -75,8 +83,10 @@ def test_admin_scope_is_separate_from_the_api_key(tiny_server) -> None:
         assert response.json()["error"]["code"] == "admin_key_required"
     assert httpx.post(f"{url}/memory/add", json=ADD, headers=_headers("wrong")).status_code == 401
     assert _stats(tiny_server) == before
-    # reads stay open to the API key; the admin key opens everything
-    assert httpx.post(f"{url}/memory/search", json={"question": "q"}, headers=_headers(user)).status_code == 200
+    # stats stay open to the API key; stored questions (search, get) are the admin scope's, which opens everything
+    assert httpx.get(f"{url}/memory/stats", headers=_headers(user)).status_code == 200
+    assert httpx.post(f"{url}/memory/search", json={"question": "q"}, headers=_headers(user)).status_code == 403
+    assert httpx.post(f"{url}/memory/search", json={"question": "q"}, headers=_headers(admin)).status_code == 200
     assert httpx.get(f"{url}/memory/export", headers=_headers(admin)).status_code == 200
     assert httpx.get(f"{url}/models", headers=_headers(admin)).status_code == 200
 
@@ -110,13 +120,13 @@ def test_keys_from_the_environment_or_a_file(tmp_path: Path) -> None:
     argv = ["serve", "--config", "tiny", "--host", "0.0.0.0"]
     with pytest.raises(ConfigError, match="server.host"):
         parse_config(argv, environ={})
-    _, config = parse_config(argv, environ={"MIA_API_KEY": "from-env", "MIA_ADMIN_API_KEY": "admin-env"})
-    assert (config.server.api_key, config.server.admin_api_key) == ("from-env", "admin-env")
+    _, config = parse_config(argv, environ={"MIA_API_KEY": "api-key-from-env", "MIA_ADMIN_API_KEY": "admin-key-from-env"})
+    assert (config.server.api_key, config.server.admin_api_key) == ("api-key-from-env", "admin-key-from-env")
     key_file = tmp_path / "key"
-    key_file.write_text("from-file\n")
+    key_file.write_text("api-key-from-a-file\n")
     key_file.chmod(0o600)
-    _, config = parse_config([*argv, "--api-key-file", str(key_file)], environ={"MIA_API_KEY": "from-env"})
-    assert config.server.api_key == "from-file"
+    _, config = parse_config([*argv, "--api-key-file", str(key_file)], environ={"MIA_API_KEY": "api-key-from-env"})
+    assert config.server.api_key == "api-key-from-a-file"
     with pytest.raises(ConfigError, match="api_key_file"):
         parse_config([*argv, "--api-key-file", str(tmp_path / "missing")], environ={})
     _, config = parse_config([*argv, "--server.allow_unauthenticated_bind=true"], environ={})
@@ -156,6 +166,8 @@ def test_a_keyed_public_server_answers_any_host(public_server, by_ip) -> None:
     key = _headers(public_server.api_key)
     assert httpx.get(f"{url}/health", headers=host).status_code == 200  # load-balancer probe, no key
     assert httpx.get(f"{url}/metrics", headers=host).status_code == 401
+    assert httpx.get(f"{url}/openapi.json", headers=host).status_code == 401  # how to drive it: clients only
+    assert httpx.get(f"{url}/openapi.json", headers={**host, **key}).json()["openapi"]
     metrics = httpx.get(f"{url}/metrics", headers={**host, **key})
     assert metrics.status_code == 200 and "mia_admission_" in metrics.text
     assert httpx.get(f"{url}/v1/models", headers={**host, **_headers("wrong")}).status_code == 401
@@ -182,6 +194,25 @@ def test_a_loopback_server_without_a_key_refuses_a_foreign_host(host: str) -> No
     assert client.get("/health", headers={"Host": "127.0.0.1:8000"}).status_code != 400
 
 
+def test_without_an_admin_key_no_request_is_in_the_admin_scope() -> None:
+    """The app itself grants the admin scope only to the admin key, with no key configured too (``serve``
+    generates one; an app built without one has no admin)."""
+    from starlette.testclient import TestClient
+
+    from mia_engine.config import ServerConfig
+    from mia_engine.server.app import build_app
+    from mia_engine.server.learner_api import learner_routes
+
+    from .test_openapi import GROUP, _Engine, _Learner
+
+    config = ServerConfig(allowed_hosts=["testserver"])
+    client = TestClient(build_app(_Engine(), config, extra_routes=learner_routes(_Learner(), _Engine(), config)))  # type: ignore[arg-type]
+    for headers in ({}, _headers("any-key-at-all-0123")):
+        response = client.post("/v1/adapters/planner/grpo", json={"groups": [GROUP]}, headers=headers)
+        assert response.status_code == 403 and response.json()["error"]["code"] == "admin_key_required"
+    assert client.get("/v1/models").status_code == 200  # no API key set: the rest stays open on loopback
+
+
 def test_which_hosts_each_bind_accepts() -> None:
     from mia_engine.config import ServerConfig
     from mia_engine.server.security import allowed_host_names
@@ -191,3 +222,121 @@ def test_which_hosts_each_bind_accepts() -> None:
     assert "*" not in allowed_host_names(ServerConfig(host="0.0.0.0", allow_unauthenticated_bind=True))
     assert allowed_host_names(ServerConfig(host="0.0.0.0", api_key="k", allowed_hosts=["mia.example"])) \
         == {"mia.example"}
+
+
+@pytest.fixture(scope="module")
+def keyless_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A loopback server started with no key at all, as a user starts one on a shared GPU box."""
+    server = start_server(tmp_path_factory.mktemp("keyless_server"), "tiny", api_key="", admin_key="")
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop_server(server)
+
+
+def _admin_requests(url: str, headers: dict[str, str]) -> list[httpx.Response]:
+    return [
+        httpx.post(f"{url}/adapters/planner", json={"path": "/tmp/x"}, headers=headers),
+        httpx.post(f"{url}/adapters/planner/grpo", json={"groups": []}, headers=headers),
+        httpx.post(f"{url}/adapters/planner/rollback", json={}, headers=headers),
+        httpx.post(f"{url}/memory/add", json=ADD, headers=headers),
+        httpx.post(f"{url}/memory/import", json=ADD, headers=headers),
+        httpx.get(f"{url}/memory/export", headers=headers),
+        httpx.delete(f"{url}/memory/some-id", headers=headers),
+        httpx.post(f"{url}/chat/completions", json={"model": "mia", "messages": PROMPT, "learn": True},
+                   headers=headers),
+    ]
+
+
+def test_with_no_keys_the_admin_routes_need_the_generated_admin_key(keyless_server) -> None:
+    """Another user of the machine reaches 127.0.0.1 too: without keys configured, the server generates an
+    admin key into a file only this user can read, says where in one log line, and the admin routes
+    (adapters, learning, memory writes and exports) need it; plain chat still needs no key on loopback."""
+    key_file = keyless_server.data_dir / "admin_api_key"
+    info = key_file.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+    key = keyless_server.generated_admin_key()
+    log = keyless_server.log_path.read_text()
+    assert [line for line in log.splitlines() if str(key_file) in line][0].count("admin key generated in") == 1
+    assert len(key) >= 16 and key not in log
+    url = keyless_server.openai_url
+    for headers in ({}, _headers("not-the-admin-key-0123")):
+        for response in _admin_requests(url, headers):
+            assert response.status_code == 403, (response.request.url, response.text)
+            assert response.json()["error"]["code"] == "admin_key_required"
+    chat = httpx.post(f"{url}/chat/completions", json={"model": "planner", "messages": PROMPT, "max_tokens": 2},
+                      timeout=120)
+    assert chat.status_code == 200, chat.text
+    assert httpx.get(f"{url}/memory/export", headers=_headers(key)).status_code == 200
+
+
+def test_the_generated_admin_key_is_private_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "admin_api_key"
+    key, created = admin_key(path)
+    assert created and len(key) >= 16 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert admin_key(path) == (key, False)  # a restart keeps the key clients were given
+    assert not [p for p in path.parent.iterdir() if p != path]  # no temporary file left
+    path.chmod(0o640)
+    with pytest.raises(KeyFileError, match=f"chmod 600 {path}"):
+        admin_key(path)
+    path.unlink()
+    other = tmp_path / "planted"
+    other.write_text("a-key-someone-else-chose\n")
+    other.chmod(0o600)
+    path.symlink_to(other)  # never followed: whoever can write the folder would choose the key
+    with pytest.raises(KeyFileError, match="server.admin_api_key"):
+        admin_key(path)
+
+
+def test_key_files_open_to_other_users_are_refused(tmp_path: Path) -> None:
+    argv = ["serve", "--config", "tiny", "--host", "0.0.0.0"]
+    key_file = tmp_path / "key"
+    key_file.write_text("api-key-from-a-file\n")
+    for mode in (0o644, 0o640, 0o604):
+        key_file.chmod(mode)
+        with pytest.raises(ConfigError, match=rf"server.api_key_file: .* run: chmod 600 {key_file}"):
+            parse_config([*argv, "--api-key-file", str(key_file)], environ={})
+    key_file.chmod(0o400)
+    if os.geteuid() == 0:  # only root can give a file to another user here
+        os.chown(key_file, 4242, -1)
+        with pytest.raises(ConfigError, match="server.api_key_file: .* belongs to another user"):
+            parse_config([*argv, "--api-key-file", str(key_file)], environ={})
+        os.chown(key_file, 0, -1)
+    link = tmp_path / "mounted-secret"
+    link.symlink_to(key_file)  # a mounted secret is often a link: its target is checked
+    assert parse_config([*argv, "--api-key-file", str(link)], environ={})[1].server.api_key == "api-key-from-a-file"
+
+
+def test_short_keys_and_an_admin_key_equal_to_the_api_key_are_refused(tmp_path: Path) -> None:
+    argv = ["serve", "--config", "tiny"]
+    with pytest.raises(ConfigError, match="^server.api_key: 8 characters; use at least 16"):
+        parse_config(argv, environ={"MIA_API_KEY": "test-key"})
+    with pytest.raises(ConfigError, match="^server.admin_api_key: 5 characters"):
+        parse_config(argv, environ={"MIA_ADMIN_API_KEY": "admin"})
+    same = "the-same-key-for-both-scopes"
+    with pytest.raises(ConfigError, match="^server.admin_api_key: equals server.api_key"):
+        parse_config(argv, environ={"MIA_API_KEY": same, "MIA_ADMIN_API_KEY": same})
+    result = refused_serve(tmp_path, f"--server.api_key={same}", f"--server.admin_api_key={same}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "python -m mia_engine: error: server.admin_api_key: equals server.api_key, which would make every API "
+        "client an admin; use a different key"]
+
+
+def test_keys_given_on_the_command_line_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """A command line shows in ``ps`` to every user of the machine."""
+    args, config = parse_config(["serve", "--config", "tiny", "--server.api_key=api-key-on-the-command-line",
+                                 "--server.admin_api_key", "admin-key-on-the-command-line"], environ={})
+    with caplog.at_level(logging.WARNING, logger=cli.PROG):
+        cli._warn_about_exposure(args, config)
+    assert "--server.api_key is visible to every user of this machine (ps); use $MIA_API_KEY" in caplog.text
+    assert "--server.admin_api_key is visible to every user of this machine (ps); use $MIA_ADMIN_API_KEY" \
+        in caplog.text
+    assert "api-key-on-the-command-line" not in caplog.text
+    caplog.clear()
+    args, config = parse_config(["serve", "--config", "tiny"],
+                                environ={"MIA_ADMIN_API_KEY": "admin-key-from-the-environment"})
+    with caplog.at_level(logging.WARNING, logger=cli.PROG):
+        cli._warn_about_exposure(args, config)
+    assert "visible" not in caplog.text

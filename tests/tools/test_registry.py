@@ -137,3 +137,32 @@ def test_schemas_are_qwen_function_entries():
     assert search["function"]["parameters"]["required"] == ["query_list"]
     assert [s["function"]["name"] for s in tools.schemas(with_image=True)] == tools.names(with_image=True)
     json.dumps(tools.schemas(with_image=True))
+
+
+async def test_a_failing_web_search_shows_the_error_class_and_status_not_the_url(caplog):
+    """Observations reach clients (traces, streamed progress) and memory: the endpoint's URL stays in the log."""
+    url = "https://search.invalid/private-endpoint/search"
+    config = msgspec.structs.replace(CONFIG, serper_api_key="key", serper_url=url, search_backend="web")
+    web = WebSearch(config, client=httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(503))))
+    with caplog.at_level("WARNING", logger="mia_engine.tools.web"):
+        observation = await Tools(config, web=web).call(ToolCall("search", {"query_list": ["q"]}), ToolContext(),
+                                                        max_words=100)
+    await web.aclose()
+    assert observation.text == "Error: web search failed for 'q': HTTPStatusError (HTTP 503)"
+    assert url in caplog.text
+
+
+class _BrokenSearch:
+    """A search whose backend fails with an error naming a server path (what a real OSError would say)."""
+
+    async def search(self, queries, top_k):
+        raise FileNotFoundError(2, "No such file or directory", "/srv/private/index/passages.faiss")
+
+
+async def test_a_failing_tool_shows_its_name_and_error_class_not_the_error_text(caplog):
+    with caplog.at_level("WARNING", logger="mia_engine.tools.registry"):
+        observation = await Tools(CONFIG, local=_BrokenSearch()).call(ToolCall("search", {"query_list": ["q"]}),
+                                                                      ToolContext(), max_words=100)
+    assert not observation.is_success and "/srv/private" not in observation.text
+    assert observation.text.startswith("Error: tool 'search' failed (FileNotFoundError)")
+    assert "/srv/private/index/passages.faiss" in caplog.text

@@ -1,0 +1,101 @@
+"""Heavy requests leave the event loop free: while each runs, the server's own lag probe
+(``mia_event_loop_lag_seconds`` on ``/metrics``, a 10 ms timer) has p99 <= 50 ms.
+
+Each case is scaled down from the worst request the limits allow, to run in seconds on 2 cores, yet stays
+large enough that the work done on the loop shows as hundreds of milliseconds of lag."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+LAG = "mia_event_loop_lag_seconds"
+MAX_P99_S = 0.05
+
+
+def _lag_buckets(server) -> dict[float, float]:
+    """Cumulative sample counts of the lag histogram, by upper bound (seconds)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
+                     headers={"Authorization": f"Bearer {server.api_key}"}).text
+    found = re.findall(rf'^{LAG}_bucket{{le="([^"]+)"}} (\S+)$', text, flags=re.M)
+    assert found, f"{LAG} is not on /metrics"
+    return {float(le): float(count) for le, count in found}
+
+
+def _p99_lag_while(server, send) -> tuple[float, float, httpx.Response]:
+    """Run ``send`` (one heavy request) and return the probe's p99 lag over that time (the upper bound of
+    the bucket holding it), the number of samples, and the response."""
+    before = _lag_buckets(server)
+    time.sleep(0.05)
+    response = send()
+    time.sleep(0.05)  # the tick after a stall is recorded when the loop wakes again
+    after = _lag_buckets(server)
+    delta = {le: after[le] - before.get(le, 0.0) for le in after}
+    total = delta[float("inf")]
+    p99 = min(le for le, count in delta.items() if count >= 0.99 * total)
+    return p99, total, response
+
+
+def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    if isinstance(body, bytes):
+        return httpx.post(f"{server.openai_url}{path}", content=body, timeout=300,
+                          headers={**headers, "Content-Type": "application/x-ndjson"})
+    return httpx.post(f"{server.openai_url}{path}", json=body, timeout=300, headers=headers)
+
+
+@pytest.mark.xfail(reason="with top-k log-probs, stalls of 0.3-1 s show during generation, streamed too (where "
+                          "this server builds little): vLLM's per-step log-prob objects kept in this process, "
+                          "and full garbage collections over them", strict=False)
+def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
+    """n = 16, top_logprobs = 5, 1024 tokens: 98k log-prob objects (the limits allow 4096 tokens and 20 top
+    candidates; with 20, vLLM's own per-step log-prob work in this process shows as lag, which this test
+    does not measure)."""
+    body = {"model": "executor", "messages": [{"role": "user", "content": "count"}], "n": 16, "max_tokens": 1024,
+            "temperature": 1.0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
+    p99, samples, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/chat/completions", body,
+                                                                       tiny_server.api_key))
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    assert len(choices) == 16 and all(len(c["logprobs"]["content"]) == 1024 for c in choices)
+    assert len(choices[0]["logprobs"]["content"][0]["top_logprobs"]) == 5
+    assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {samples:.0f} samples"
+
+
+@pytest.mark.xfail(reason="as test_many_chat_logprobs_are_built_off_the_loop", strict=False)
+def test_many_completion_logprobs_are_built_off_the_loop(tiny_server) -> None:
+    body = {"model": "executor", "prompt": "count", "n": 16, "max_tokens": 1024, "temperature": 1.0,
+            "ignore_eos": True, "logprobs": 5}
+    p99, samples, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/completions", body,
+                                                                       tiny_server.api_key))
+    assert response.status_code == 200, response.text
+    assert all(len(c["logprobs"]["tokens"]) == 1024 for c in response.json()["choices"])
+    assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {samples:.0f} samples"
+
+
+def test_a_large_memory_import_is_decoded_off_the_loop(tiny_server) -> None:
+    """64 MiB of records (the route takes up to 256 MiB), the last one invalid: the whole body is decoded,
+    then refused with a 400, so only the decoding runs."""
+    line = (b'{"kind":"meta_plan","id":"%08d","question":"' + b"q" * 400
+            + b'","successful_plan":"a","failed_plan":"b"}\n')
+    count = (64 << 20) // len(line % 0)
+    body = b"".join(line % i for i in range(count)) + b'{"kind":"meta_plan"}\n'
+    p99, samples, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/memory/import", body,
+                                                                       tiny_server.admin_key))
+    assert response.status_code == 400 and f"line {count + 1}" in response.json()["error"]["message"], response.text
+    assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {samples:.0f} samples"
+
+
+@pytest.mark.parametrize("chars", [6 << 20])
+def test_long_messages_are_tokenised_off_the_loop(tiny_server, chars: int) -> None:
+    """6 MiB of message text (under the 8 MiB body cap): rendered and tokenised, then refused as longer
+    than the context."""
+    body = {"model": "executor", "messages": [{"role": "user", "content": "word " * (chars // 5)}]}
+    p99, samples, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/chat/completions", body,
+                                                                       tiny_server.api_key))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {samples:.0f} samples"

@@ -1,0 +1,59 @@
+"""The issue's reproduction over HTTP: 30 acknowledged memory adds, kill -9 of the server's process group,
+one byte flipped a third of the way into the journal, restart: every memory but the damaged one is served,
+the damaged bytes are kept in a side file, and the log names their offset and size."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME
+
+from tests.conftest import start_server, stop_server, wait_ready
+
+NUM_ADDS = 30
+
+
+def _add(server, i: int) -> str:
+    body = {"question": f"Which river flows through city number {i}?", "workflow_summary": f"1. **search** (-> {i})",
+            "label": "correct"}
+    response = httpx.post(f"{server.openai_url}/memory/add", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {server.admin_key}"})
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_mid_journal_loses_only_its_record(tmp_path: Path) -> None:
+    server = start_server(tmp_path, "tiny", new_session=True)
+    try:
+        wait_ready(server)
+        ids = [_add(server, i) for i in range(NUM_ADDS)]
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+    finally:
+        if server.process.poll() is None:
+            stop_server(server)
+    [journal] = list(server.data_dir.rglob(JOURNAL_NAME))
+    data = bytearray(journal.read_bytes())
+    data[len(data) // 3] ^= 0x40
+    journal.write_bytes(bytes(data))
+
+    (tmp_path / "again").mkdir()
+    restarted = start_server(tmp_path / "again", "tiny", data_dir=server.data_dir)
+    try:
+        wait_ready(restarted)
+        found = [httpx.get(f"{restarted.openai_url}/memory/{entry_id}", timeout=30,
+                           headers={"Authorization": f"Bearer {restarted.admin_key}"}).status_code == 200
+                 for entry_id in ids]
+        assert found.count(False) == 1, found  # the damaged record only
+        assert NUM_ADDS // 5 < found.index(False) < NUM_ADDS - 1
+        [side] = [p for p in journal.parent.iterdir() if p.name.startswith(JOURNAL_NAME + CORRUPT_SUFFIX)]
+        assert side.stat().st_size > 0 and side.name in restarted.log_path.read_text()
+        assert "damaged run of" in restarted.log_path.read_text()
+    finally:
+        stop_server(restarted)
