@@ -84,6 +84,9 @@ class Services:
             cpu.keep_off_model_cores()
         await self._start_learner()
         await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()  # as vllm serve does once up: full collections then skip the models' and libraries' objects
 
     def start_failure(self) -> str | None:
         """After ``start``: the first component that did not start and why, in one line (None: all up)."""

@@ -122,15 +122,30 @@ async def decode_in_slices(data: bytes) -> list[StoredRecord]:
     the loop rather than in a thread, where the decoder's long native calls would hold the GIL anyway."""
     records: list[StoredRecord] = []
     start, line = 0, 1
-    while start < len(data):
-        end = data.find(b"\n", start + IMPORT_SLICE_BYTES)
-        end = len(data) if end < 0 else end + 1
-        piece = data[start:end]
-        records += decode_jsonl(piece, first_line=line)
-        line += piece.count(b"\n") + piece.count(b"\r") - piece.count(b"\r\n")  # as splitlines counts
-        start = end
-        await asyncio.sleep(0)
+    try:
+        while start < len(data):
+            end = data.find(b"\n", start + IMPORT_SLICE_BYTES)
+            end = len(data) if end < 0 else end + 1
+            piece = data[start:end]
+            records += decode_jsonl(piece, first_line=line)
+            line += piece.count(b"\n") + piece.count(b"\r") - piece.count(b"\r\n")  # as splitlines counts
+            start = end
+            await asyncio.sleep(0)
+    except Exception:
+        await release_in_slices(records)  # freeing 100k records at once would hold the loop as long
+        raise
     return records
+
+
+RELEASE_SLICE = 4096
+"""Records freed between two turns of the event loop."""
+
+
+async def release_in_slices(records: list) -> None:  # type: ignore[type-arg]
+    """Empty ``records`` a slice at a time, giving the event loop a turn between slices."""
+    while records:
+        del records[-RELEASE_SLICE:]
+        await asyncio.sleep(0)
 
 
 class _Guard:

@@ -47,9 +47,6 @@ def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
     return httpx.post(f"{server.openai_url}{path}", json=body, timeout=300, headers=headers)
 
 
-@pytest.mark.xfail(reason="with top-k log-probs, stalls of 0.3-1 s show during generation, streamed too (where "
-                          "this server builds little): vLLM's per-step log-prob objects kept in this process, "
-                          "and full garbage collections over them", strict=False)
 def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
     """n = 16, top_logprobs = 5, 1024 tokens: 98k log-prob objects (the limits allow 4096 tokens and 20 top
     candidates; with 20, vLLM's own per-step log-prob work in this process shows as lag, which this test
@@ -65,7 +62,6 @@ def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {samples:.0f} samples"
 
 
-@pytest.mark.xfail(reason="as test_many_chat_logprobs_are_built_off_the_loop", strict=False)
 def test_many_completion_logprobs_are_built_off_the_loop(tiny_server) -> None:
     body = {"model": "executor", "prompt": "count", "n": 16, "max_tokens": 1024, "temperature": 1.0,
             "ignore_eos": True, "logprobs": 5}
