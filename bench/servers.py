@@ -71,8 +71,8 @@ def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | No
 
 def generated_admin_key(log_dir: Path) -> str:
     """The admin key ``serve`` generated at first start in ``launch_mia``'s data dir: the admin routes and
-    ``learn: true`` need it, on loopback too."""
-    return (log_dir / "mia-data" / "admin_api_key").read_text().strip()
+    ``learn: true`` need it, on loopback too; ``$MIA_ADMIN_API_KEY`` where set (then none is generated)."""
+    return os.environ.get("MIA_ADMIN_API_KEY") or (log_dir / "mia-data" / "admin_api_key").read_text().strip()
 
 
 def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: EngineConfig, *extra: str,
