@@ -42,7 +42,6 @@ from .entries import (
     SummarisedRollout,
     vector_to_bytes,
 )
-from .jsonl import decode_jsonl
 from .store import ExperienceStore, SearchQuery, store_device
 from .validation import check_record_texts, check_text_lengths
 
@@ -230,9 +229,6 @@ class MemoryService:
         for record in records:
             check_record_texts(self._config.text_limits, record)
         return await self._run(self._store.import_records, await self._with_embeddings(records))
-
-    async def import_jsonl(self, data: bytes) -> int:
-        return await self.import_records(decode_jsonl(data))
 
     async def stats(self) -> MemoryStats:
         return await self._run(self._store.stats)

@@ -13,7 +13,7 @@ import pytest
 
 from mia_engine.memory.embedder import Embedder
 from mia_engine.memory.entries import MemoryEntry, MetaPlanPair
-from mia_engine.memory.jsonl import encode_jsonl
+from mia_engine.memory.jsonl import decode_jsonl, encode_jsonl
 from mia_engine.memory.service import MemoryService, NewMemory
 
 from .factories import memory_config
@@ -83,7 +83,7 @@ async def test_export_import_round_trip_through_the_service(
     exported = await service.export_records()
     copy = await MemoryService.open(tmp_path / "copy", memory_config(), encoder=embedder)
     try:
-        assert await copy.import_jsonl(b"".join(encode_jsonl(exported))) == len(exported) == 6
+        assert await copy.import_records(decode_jsonl(b"".join(encode_jsonl(exported)))) == len(exported) == 6
         assert _sorted(await copy.export_records()) == _sorted(exported)
     finally:
         await copy.close()
