@@ -28,7 +28,7 @@ from .admission import Admission
 from .body import read_json
 from .errors import BadRequest, Forbidden, NotFound
 from .openapi import ApiRoute
-from .security import SCOPE_KEY
+from .security import is_admin
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
     async def list_adapters(request: Request) -> Response:
         versions = registry.versions()
         loaded = await _loaded_by_role(registry, {v.role for v in versions})
-        show_path = request.scope.get(SCOPE_KEY) == "admin"
+        show_path = is_admin(request)
         infos = [_info(v, loaded[v.role], show_path=show_path) for v in versions]
         return Response(msgspec.json.encode(AdapterList(infos)), media_type="application/json")
 

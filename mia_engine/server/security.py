@@ -104,9 +104,14 @@ class SecurityMiddleware:
         return "user"
 
 
+def is_admin(request: Request) -> bool:
+    """Whether the request authenticated with the admin key."""
+    return request.scope.get(SCOPE_KEY) == "admin"
+
+
 def require_admin(request: Request, what: str, *, param: str | None = None) -> None:
     """Refuse (403) unless the request authenticated with the admin key (none configured: always)."""
-    if request.scope.get(SCOPE_KEY) == "admin":
+    if is_admin(request):
         return
     raise Forbidden(f"{what} needs the admin key (server.admin_api_key / MIA_ADMIN_API_KEY; where none is "
                     "set, the server generated one in the file admin_api_key of its data dir).", param=param,
