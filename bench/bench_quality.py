@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mia_engine.agent.judge import is_match  # noqa: E402
+from mia_engine.agent.answer_match import is_match  # noqa: E402
 from mia_engine.agent.llm import complete, sampling_options  # noqa: E402
 from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402

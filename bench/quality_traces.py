@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mia_engine.agent.judge import is_match
+from mia_engine.agent.answer_match import is_match
 from mia_engine.cli import dotted_overrides
 from mia_engine.config import load_config
 from mia_engine.evals.evaluate import baseline_request, fresh_config, select_questions
@@ -33,7 +33,8 @@ def _row(question, result, seconds: float) -> dict:
     return {"id": question.id, "question": question.question, "gold": question.answers, "answer": result.answer,
             "match": is_match(result.answer, question.answers), "seconds": seconds, "plan": rollout.plan,
             "reflection": trajectory.reflection, "replan": trajectory.replan,
-            "first_answer": trajectory.first_answer,
+            "first_answer": trajectory.first_answer, "answer_source": trajectory.answer_source,
+            "own_answer": trajectory.own_answer, "closed_book": result.closed_book,
             "queries": [t.tool_call.arguments if t.tool_call else None for t in trajectory.turns],
             "observations": [o.text[:600] if o else None for o in trajectory.observations]}
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import generated_admin_key, launch_mia  # noqa: E402
 from bench.stats import process_tree, report  # noqa: E402
-from mia_engine.agent.judge import is_match  # noqa: E402
+from mia_engine.agent.answer_match import is_match  # noqa: E402
 
 
 def load_questions(path: Path) -> list[tuple[str, list[str]]]:

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 import pytest
 
-from mia_engine.agent.judge import normalize_answer
+from mia_engine.agent.answer_match import normalize_answer
 from mia_engine.config import MIAConfig, load_config, resolve_role
 from tests.conftest import ServerHandle, _openai, start_server, stop_server, wait_ready
 from tests.server.test_image_inputs import data_url, encoded

@@ -140,6 +140,9 @@ class StageSampling(Frozen):
     """The Manager's workflow summary (reference: temperature 0)."""
     caption: RoleSampling = RoleSampling(temperature=0.0, max_tokens=160)
     """The Manager's image caption (greedy: the caption is a retrieval key)."""
+    closed_book: RoleSampling = RoleSampling(temperature=0.0, max_tokens=64)
+    """The Manager asked the question alone (``closed_book``, and the eval's ``bare`` mode): greedy, one
+    short answer."""
 
 
 class AgentConfig(Frozen):
@@ -231,6 +234,21 @@ class AgentConfig(Frozen):
     """How an answer is graded against ground truth: ``llm`` = the SimpleQA-style grader (paper,
     reference); ``match`` = normalised exact-or-contains string match, for judge models too small to
     grade (``small_model``). The verdict labels memories and drives the rewards."""
+    closed_book: bool = False
+    """Beside the research, ask the Manager's model the question alone (no tools) and return that
+    closed-book answer instead of the rollout's when the rollout's is degenerate or the passages support
+    it better (``answer_choice.py`` states the rule). False = the rollout's answer (paper, reference).
+    For readers small enough to be misled by an unrelated passage about facts the model knows
+    (``small_model``). Text questions of the full loop only (not the plain-ReAct baseline)."""
+    min_support: float = 0.5
+    """Share in [0, 1] of a question's weighted key terms a passage must hold, besides the answer's
+    claims, to support the answer (``closed_book`` and the ``grounded`` judge): below it the passage is
+    taken to be about something else."""
+    unsupervised_judge: Literal["reviewers", "grounded"] = "reviewers"
+    """How an answer is judged without ground truth (test-time learning). ``reviewers``: three LLM
+    reviewers and an Area Chair (paper, reference). ``grounded``: correct iff the answer is not
+    degenerate and a retrieved passage about the question's subject states it (``min_support``), by
+    string rules, no model call. For judge models whose reviews are near random (``small_model``)."""
     # ---- end of the departures ----
 
     structured_executor: bool = True
@@ -274,6 +292,7 @@ class AgentConfig(Frozen):
         require(min(words) >= 1, "word limits must be >= 1")
         require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
         require(self.advantage_eps > 0, "advantage_eps must be > 0")
+        require(0.0 <= self.min_support <= 1.0, "min_support must be in [0, 1]")
 
     @classmethod
     def for_profile(cls, profile: str, **fields: Any) -> AgentConfig:
@@ -292,6 +311,8 @@ PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
         "answer_from": "evidence",
         "workflow_summary": "extractive",
         "supervised_judge": "match",
+        "closed_book": True,
+        "unsupervised_judge": "grounded",
     }),
 })
 """Named sets of departures (``[agent] profile``). ``paper``: none, the default. ``small_model``: the

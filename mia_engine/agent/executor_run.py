@@ -50,8 +50,12 @@ class ExecutorRun:
     def evidence(self, latest_from: int = 0) -> list[str]:
         """The text of every successful search (``EVIDENCE_TOOLS``), the round from turn ``latest_from``
         (a replan's) first."""
-        observations = [*self.observations[latest_from:], *self.observations[:latest_from]]
-        return [o.text for o in observations if o is not None and o.is_success and o.tool in EVIDENCE_TOOLS]
+        return evidence_texts([*self.observations[latest_from:], *self.observations[:latest_from]])
+
+
+def evidence_texts(observations: list[Observation | None]) -> list[str]:
+    """The text of every successful search among ``observations`` (``EVIDENCE_TOOLS``), in order."""
+    return [o.text for o in observations if o is not None and o.is_success and o.tool in EVIDENCE_TOOLS]
 
 
 def start_run(question: str, executor_prompt: str, image: Any, affinity: str | None, index: int) -> ExecutorRun:

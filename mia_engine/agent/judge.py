@@ -14,16 +14,17 @@ and an Area Chair who decides A/B, prioritising fatal flaws over minor ones.
 from __future__ import annotations
 
 import asyncio
-import re
-import string
-import unicodedata
 from collections.abc import Sequence
 from typing import Protocol
 
 from ..engines.client import SamplingOptions
 from . import prompts
+from .answer_match import is_match
 from .config import AgentConfig
+from .evidence_support import QuestionTerms, is_degenerate, passages_of, support
+from .executor_run import evidence_texts
 from .llm import ChatClient, complete, sampling_options
+from .records import Trajectory
 from .verdicts import (
     GRADER_REGEX,
     Review,
@@ -155,35 +156,40 @@ async def judge_unsupervised(client: ChatClient, config: AgentConfig, question: 
     return unsupervised_verdict(reviews, text)
 
 
-# ---- string matching (reporting accuracy without an LLM) -----------------------------------------
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans({char: " " for char in string.punctuation + "‘’“”–—"})
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD-style: lower case, accents and punctuation removed, articles dropped, spaces collapsed."""
-    text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
-    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
-    return " ".join(text.split())
+class UnsupervisedJudge(Protocol):
+    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+                    prediction: str | None) -> Verdict:
+        """The verdict on ``prediction``, the answer returned for ``trajectory``, without ground truth."""
+        ...
 
 
-def exact_match(prediction: str | None, gold_answers: Sequence[str]) -> bool:
-    """The normalised prediction equals one normalised gold answer."""
-    if not prediction:
-        return False
-    predicted = normalize_answer(prediction)
-    return any(predicted == normalize_answer(gold) for gold in gold_answers if normalize_answer(gold))
+class ReviewersJudge:
+    """Three LLM reviewers and the Area Chair (``unsupervised_judge = "reviewers"``; paper, reference)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+                    prediction: str | None) -> Verdict:
+        trace = prompts.render_trace(question, trajectory.turns, trajectory.observations, self.config.trace_max_words)
+        return await judge_unsupervised(client, self.config, question, trace, prediction)
 
 
-def contains_match(prediction: str | None, gold_answers: Sequence[str]) -> bool:
-    """One normalised gold answer occurs in the normalised prediction as whole words."""
-    if not prediction:
-        return False
-    predicted = f" {normalize_answer(prediction)} "
-    return any(f" {gold} " in predicted for gold in map(normalize_answer, gold_answers) if gold)
+class GroundedJudge:
+    """Correct iff the answer is not degenerate and a retrieved passage about the question's subject
+    states it (``unsupervised_judge = "grounded"``; ``evidence_support.support`` >= ``min_support``), no
+    model call: for judge models whose reviews are near random. It rewards a plan whose searches found
+    the passage that answers, which is what the Planner controls."""
 
+    def __init__(self, min_support: float) -> None:
+        self.min_support = min_support
 
-def is_match(prediction: str | None, gold_answers: Sequence[str]) -> bool:
-    """Exact or contains match: a cheap accuracy proxy; the LLM grader is the paper's metric."""
-    return exact_match(prediction, gold_answers) or contains_match(prediction, gold_answers)
+    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+                    prediction: str | None) -> Verdict:
+        terms = QuestionTerms.of(question)
+        if is_degenerate(prediction, terms):
+            return Verdict(False, "B", "unsupervised", reason="grounded: the answer answers nothing")
+        score = support(prediction, passages_of(evidence_texts(trajectory.observations)), terms)
+        is_correct = score >= self.min_support
+        return Verdict(is_correct, "A" if is_correct else "B", "unsupervised",
+                       reason=f"grounded: best supporting passage holds {score:.2f} of the question's key terms")

@@ -23,7 +23,9 @@ import msgspec
 
 from . import judge, prompts
 from .admission import check_fits, check_images
+from .answer_choice import closed_book_messages
 from .config import AgentConfig
+from .executor_run import evidence_texts
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
@@ -79,6 +81,8 @@ class ResearchResult(msgspec.Struct):
     """Seconds per stage."""
     caption: str | None = None
     """The Manager's caption of the question's image (None for a text question)."""
+    closed_book: str | None = None
+    """The Manager's answer without tools (``agent.closed_book``; None when not asked)."""
 
 
 class ResearchAgent:
@@ -111,23 +115,52 @@ class ResearchAgent:
 
     async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
         """One question through the paper's stages (MIA.md): caption an image → retrieve memories → plan
-        (G samples) → route → execute all G (ReAct, reflect, replan) → judge and reward → memory → learn."""
+        (G samples) → route → execute all G (ReAct, reflect, replan) → judge and reward → memory → learn;
+        with ``closed_book`` the Manager answers the question alone meanwhile, and each rollout's answer
+        is chosen between its own and that one before the judge."""
         q = _Question(request, emit or _ignore, self.stages)
-        caption = await self._caption(q)
-        memories, used_ids, replay = await self._retrieve(q, caption)
-        plan_prompt, completions = await self._plan(q, memories, caption, replay)
-        plans = [strip_think(c.text) if c is not None else "" for c in completions]
-        q.emit("plans", {"num_plans": len(plans)})
-        chosen = await self._route(q, plans)
-        rollouts = await self._execute(q, plan_prompt, completions, plans)
+        closed_book = self._ask_closed_book(q)
+        try:
+            caption = await self._caption(q)
+            memories, used_ids, replay = await self._retrieve(q, caption)
+            plan_prompt, completions = await self._plan(q, memories, caption, replay)
+            plans = [strip_think(c.text) if c is not None else "" for c in completions]
+            q.emit("plans", {"num_plans": len(plans)})
+            chosen = await self._route(q, plans)
+            rollouts = await self._execute(q, plan_prompt, completions, plans)
+            rollouts, candidate = await self._choose(q, rollouts, closed_book)
+        finally:
+            if closed_book is not None:
+                closed_book.cancel()
         rollouts = await self._judge(q, rollouts)
         new_ids = await self._remember(q, caption, rollouts, used_ids, rollouts[chosen])
         await self._learn(q, rollouts)
         answer = rollouts[chosen].trajectory.final_answer
         return ResearchResult(answer if answer and answer.strip() else NO_ANSWER, chosen, rollouts, used_ids,
-                              new_ids, q.timings, caption)
+                              new_ids, q.timings, caption, candidate)
 
     # ---- the stages, in order ------------------------------------------------------------------
+
+    def _ask_closed_book(self, q: _Question) -> asyncio.Task[str | None] | None:
+        """The closed-book candidate, asked at once beside the other stages (``strategies.choice``); None
+        when the config does not ask it, for the plain-ReAct baseline and for an image question."""
+        request = q.request
+        if not (self.strategies.choice.is_closed_book and request.use_planner and request.image is None):
+            return None
+        return asyncio.create_task(self._closed_book(q))
+
+    async def _closed_book(self, q: _Question) -> str | None:
+        """The Manager's answer to the question alone, no tools (None when it says nothing or the question
+        does not fit its context)."""
+        options = sampling_options(self.config.sampling.closed_book, affinity_key=q.affinity)
+        manager = self.config.roles.manager
+        with q.clock("closed_book"):
+            try:
+                prompt = await self.client.render_chat(manager, closed_book_messages(q.request.question))
+                (completion,) = await complete_ids(self.client, manager, prompt, options)
+            except ValueError:
+                return None
+        return strip_think(completion.text).strip() or None
 
     async def _caption(self, q: _Question) -> str | None:
         """An image question's caption by the captioner (the Manager): it keys retrieval, goes into the
@@ -193,6 +226,27 @@ class ResearchAgent:
         return [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                 for plan, (trajectory, ex, rf) in zip(plans, runs)]
 
+    async def _choose(self, q: _Question, rollouts: list[Rollout],
+                      closed_book: asyncio.Task[str | None] | None) -> tuple[list[Rollout], str | None]:
+        """(the rollouts, each answer, first and final, chosen between its own and the closed-book
+        candidate by ``strategies.choice``; the candidate): unchanged when it was not asked."""
+        if closed_book is None:
+            return rollouts, None
+        candidate = await closed_book
+        choose = self.strategies.choice.choose
+        chosen = []
+        for i, rollout in enumerate(rollouts):
+            t = rollout.trajectory
+            evidence = evidence_texts(t.observations)
+            final = choose(q.request.question, t.final_answer, candidate, evidence)
+            first = choose(q.request.question, t.first_answer, candidate, evidence) if t.did_replan else final
+            q.emit("answer_chosen", {"rollout": i, "source": final.source, "answer": final.answer})
+            trajectory = msgspec.structs.replace(
+                t, first_answer=first.answer, final_answer=final.answer, answer_source=final.source,
+                own_answer=t.final_answer if final.source == "closed_book" else None)
+            chosen.append(msgspec.structs.replace(rollout, trajectory=trajectory))
+        return chosen, candidate
+
     async def _judge(self, q: _Question, rollouts: list[Rollout]) -> list[Rollout]:
         """Every rollout judged (with ground truth, or learning without it), rewarded, and its group
         advantage computed; unchanged on the plain inference path."""
@@ -252,9 +306,8 @@ class ResearchAgent:
                 first = await judge.judge_supervised(self.client, grader, request.question, request.ground_truth,
                                                      t.first_answer)
         else:
-            trace = prompts.render_trace(request.question, t.turns, t.observations, self.config.trace_max_words)
-            verdict = await judge.judge_unsupervised(self.client, self.config, request.question, trace,
-                                                     t.final_answer)
+            verdict = await self.strategies.unsupervised_judge.judge(self.client, request.question, t,
+                                                                     t.final_answer)
             first = verdict
         timings = msgspec.structs.replace(rollout.timings, judge_s=time.perf_counter() - start)
         return msgspec.structs.replace(rollout, verdict=verdict, first_verdict=first, timings=timings)

@@ -313,11 +313,15 @@ Trajectory:
 {trajectory}
 """)
 
+CLOSED_BOOK = Template("manager.closed_book", "Answer with only the name or number.\nQuestion: {question}")
+"""The question asked of the model alone, no tools: the closed-book candidate (``agent.closed_book``) and
+the eval's ``bare`` mode."""
+
 TEMPLATES: tuple[Template, ...] = (
     PLAN, PLAN_SEARCHES, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN,
     REPLAN_SEARCHES, TRACE_ANSWER, EXECUTOR, GUIDE,
     REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
-    REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY,
+    REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY, CLOSED_BOOK,
 )
 """All templates (tests render each with its declared fields)."""
 

@@ -6,11 +6,18 @@ time spent per stage, and the judged ``Rollout`` (the memory takes its own summa
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from ..tools.calls import Observation
 from .turns import ExecutorTurn
 from .verdicts import Verdict
+
+
+AnswerSource = Literal["own", "closed_book"]
+"""Where a returned answer came from: the rollout (its Executor or its evidence answer) or the closed-book
+candidate (``agent.closed_book``)."""
 
 
 class PlannerTokens(msgspec.Struct, frozen=True):
@@ -46,6 +53,10 @@ class Trajectory(msgspec.Struct, frozen=True):
     num_successful_tool_calls: int = 0
     planner: PlannerTokens | None = None
     """The Planner's tokens for the learner (None when the engine gave no token ids)."""
+    answer_source: AnswerSource = "own"
+    """Where ``final_answer`` came from (``agent.closed_book`` may return the closed-book candidate)."""
+    own_answer: str | None = None
+    """The rollout's own final answer when the closed-book candidate replaced it (None otherwise)."""
 
     @property
     def length(self) -> tuple[int, int]:

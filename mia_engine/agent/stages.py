@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-STAGES = ("caption", "retrieve", "plan", "route", "execute", "execute_turn", "tool_call", "evidence_answer",
-          "reflect", "replan", "judge", "consolidate", "learn")
+STAGES = ("caption", "retrieve", "closed_book", "plan", "route", "execute", "execute_turn", "tool_call",
+          "evidence_answer", "reflect", "replan", "judge", "consolidate", "learn")
 """Every stage name the loop reports (``execute`` is all G rollouts of a question; ``execute_turn`` one
-Executor generation; ``learn`` hands the judged rollouts to the learner)."""
+Executor generation; ``closed_book`` the Manager's answer without tools, beside the others; ``learn``
+hands the judged rollouts to the learner)."""
 
 
 class StageObserver(Protocol):

@@ -9,15 +9,18 @@ fields that chose them.
     the returned answer     TrajectoryAnswer      EvidenceAnswer          (answer_from)
     workflow memory         ManagerSummary        ExtractiveWorkflow / SearchesWorkflow (workflow_summary)
     grading with gold       LLMGrader             StringMatch             (supervised_judge)
+    the closed-book answer  OwnAnswer             ClosedBookChoice        (closed_book, min_support)
+    judging without gold    ReviewersJudge        GroundedJudge           (unsupervised_judge)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .answer_choice import AnswerChooser, ClosedBookChoice, OwnAnswer
 from .answers import AnswerStrategy, EvidenceAnswer, TrajectoryAnswer
 from .config import AgentConfig
-from .judge import LLMGrader, StringMatch, SupervisedJudge
+from .judge import GroundedJudge, LLMGrader, ReviewersJudge, StringMatch, SupervisedJudge, UnsupervisedJudge
 from .plan_forms import PlanForm, PlanReplay, ProsePlan, SearchesPlan
 from .turn_policy import TurnPolicy
 from .workflows import ExtractiveWorkflow, ManagerSummary, SearchesWorkflow, WorkflowWriter
@@ -34,6 +37,8 @@ class Strategies:
     answer: AnswerStrategy
     workflow: WorkflowWriter
     supervised_judge: SupervisedJudge
+    choice: AnswerChooser
+    unsupervised_judge: UnsupervisedJudge
 
     def describe(self) -> dict[str, str]:
         """The class chosen for each concern (the startup log, and tests that a profile does not drift)."""
@@ -42,7 +47,8 @@ class Strategies:
                 "turns": f"question_first={turns.is_question_first} image_first={turns.is_image_first} "
                          f"min_tool_calls={turns.min_tool_calls} final_answer_forced={turns.is_final_answer_forced}",
                 "answer": type(self.answer).__name__, "workflow": type(self.workflow).__name__,
-                "supervised_judge": type(self.supervised_judge).__name__}
+                "supervised_judge": type(self.supervised_judge).__name__, "choice": type(self.choice).__name__,
+                "unsupervised_judge": type(self.unsupervised_judge).__name__}
 
 
 def choose_strategies(config: AgentConfig, tools: Tools) -> Strategies:
@@ -50,7 +56,10 @@ def choose_strategies(config: AgentConfig, tools: Tools) -> Strategies:
     return Strategies(_plan_form(config), PlanReplay(config.replay_min_similarity), TurnPolicy(config, tools),
                       EvidenceAnswer(config) if config.answer_from == "evidence" else TrajectoryAnswer(),
                       _workflow_writer(config),
-                      StringMatch() if config.supervised_judge == "match" else LLMGrader(config))
+                      StringMatch() if config.supervised_judge == "match" else LLMGrader(config),
+                      ClosedBookChoice(config.min_support) if config.closed_book else OwnAnswer(),
+                      GroundedJudge(config.min_support) if config.unsupervised_judge == "grounded"
+                      else ReviewersJudge(config))
 
 
 def _plan_form(config: AgentConfig) -> PlanForm:

@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..agent.judge import is_match
+from ..agent.answer_match import is_match
 from ..agent.loop import ResearchRequest, ResearchResult
 from ..config import MIAConfig
 from ..base.data import Question, load_dataset, question_image

@@ -32,7 +32,8 @@ import msgspec
 from tqdm import tqdm
 
 from . import report as eval_report
-from ..agent.judge import is_match
+from ..agent.answer_choice import closed_book_messages
+from ..agent.answer_match import is_match
 from ..agent.llm import complete_ids, sampling_options
 from ..agent.loop import NO_ANSWER, ResearchRequest, ResearchResult
 from ..config import MIAConfig
@@ -44,8 +45,6 @@ if TYPE_CHECKING:  # the services (vLLM) load only when a pass runs: ``--help`` 
     from ..services import Services
 
 log = logging.getLogger(__name__)
-
-BARE_PROMPT = "Answer with only the name or number.\nQuestion: {question}"
 
 
 Answer = Callable[[Question], Awaitable[Prediction]]
@@ -79,13 +78,13 @@ async def run_pass(questions: list[Question], answer: Answer, *, concurrency: in
 
 
 def bare_answer(services: Services) -> Answer:
-    """The ``manager`` role asked directly (bench_quality's prompt and the config's Manager sampling)."""
-    options = sampling_options(services.config.agent.sampling.manager)
+    """The ``manager`` role asked directly: the research loop's closed-book request and sampling."""
+    options = sampling_options(services.config.agent.sampling.closed_book)
     manager = services.config.agent.roles.manager
 
     async def answer(question: Question) -> Prediction:
         start = time.perf_counter()
-        messages = [{"role": "user", "content": BARE_PROMPT.format(question=question.question)}]
+        messages = closed_book_messages(question.question)
         try:
             prompt = await services.roles.render_chat(manager, messages)
             (completion,) = await complete_ids(services.roles, manager, prompt, options)

@@ -181,6 +181,7 @@ def trace(result: ResearchResult, *, full: bool) -> dict[str, Any]:
         t = r.trajectory
         item: dict[str, Any] = {
             "plan": r.plan, "first_answer": t.first_answer, "final_answer": t.final_answer,
+            "answer_source": t.answer_source, "own_answer": t.own_answer,
             "reflection": t.reflection, "replan": t.replan, "did_replan": t.did_replan,
             "tool_calls": [{"name": turn.tool_call.name, "arguments": turn.tool_call.arguments,
                             "result": obs.text if obs else None, "is_success": obs.is_success if obs else False}
@@ -193,7 +194,8 @@ def trace(result: ResearchResult, *, full: bool) -> dict[str, Any]:
             item["observations"] = [obs.text if obs else None for obs in t.observations]
         rollouts.append(item)
     return {"chosen": result.chosen, "rollouts": rollouts, "memory_ids_used": result.memory_ids_used,
-            "new_memory_ids": result.new_memory_ids, "timings": result.timings, "caption": result.caption}
+            "new_memory_ids": result.new_memory_ids, "timings": result.timings, "caption": result.caption,
+            "closed_book": result.closed_book}
 
 
 def _jsonable(value: Any) -> Any:

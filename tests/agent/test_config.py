@@ -48,11 +48,13 @@ def test_from_toml_like_dict_and_errors():
 SMALL_MODEL = {"plan_form": "searches", "replay_min_similarity": 0.95, "max_replans": 0, "first_query": "question",
                "min_tool_calls": 1, "answer_from": "evidence", "workflow_summary": "extractive",
                "supervised_judge": "match", "first_image_search": False, "force_final_answer": True,
-               "max_plan_searches": 2}
-"""The departures the embedded default ran before it named them a profile (its [agent] table then)."""
+               "max_plan_searches": 2, "closed_book": True, "unsupervised_judge": "grounded"}
+"""The departures the embedded default ran before it named them a profile (its [agent] table then), and
+the two it gained since (the closed-book candidate and the evidence-grounded judge)."""
 PAPER = {"plan_form": "text", "replay_min_similarity": None, "max_replans": 1, "first_query": "model",
          "min_tool_calls": 0, "answer_from": "trajectory", "workflow_summary": "manager", "supervised_judge": "llm",
-         "first_image_search": False, "force_final_answer": True, "max_plan_searches": 2}
+         "first_image_search": False, "force_final_answer": True, "max_plan_searches": 2, "closed_book": False,
+         "unsupervised_judge": "reviewers"}
 
 
 def _departures(config: AgentConfig) -> dict[str, object]:
@@ -94,4 +96,4 @@ def test_each_stage_keeps_its_sampling_defaults() -> None:
     assert [(getattr(s, stage).temperature, getattr(s, stage).max_tokens, getattr(s, stage).presence_penalty)
             for stage in StageSampling.__struct_fields__] == [
         (0.0, 4096, 0.0), (0.0, 48, 0.0), (0.0, 2048, 1.1), (0.0, 1024, 0.0), (0.0, 512, 0.0), (0.1, 512, 0.0),
-        (0.0, 512, 0.0), (0.0, 1024, 0.0), (0.0, 160, 0.0)]
+        (0.0, 512, 0.0), (0.0, 1024, 0.0), (0.0, 160, 0.0), (0.0, 64, 0.0)]

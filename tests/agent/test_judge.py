@@ -14,15 +14,12 @@ from mia_engine.agent.judge import (
     build_area_chair,
     build_grader,
     build_review,
-    contains_match,
-    exact_match,
-    is_match,
     judge_supervised,
     judge_unsupervised,
-    normalize_answer,
     parse_grader,
     unsupervised_verdict,
 )
+from mia_engine.agent.answer_match import contains_match, exact_match, is_match, normalize_answer
 from mia_engine.agent.llm import complete
 from mia_engine.agent.verdicts import GRADER_REGEX, Review
 from mia_engine.engines.client import CompletionDelta, SamplingOptions

@@ -1,7 +1,9 @@
 """Plans as searches and replayed verified plans (``agent.plan_form = "searches"``,
 ``agent.replay_min_similarity``) through the real server on the tiny model: the Planner writes its plan
 under the searches regex, the Executor runs those searches, and a stored success for the same question
-is written again exactly (a literal regex compiled by the real structured-output backend)."""
+is written again exactly (a literal regex compiled by the real structured-output backend). The same
+server asks the closed-book candidate (``agent.closed_book``) and judges without gold by the evidence
+(``agent.unsupervised_judge = "grounded"``)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from mia_engine.config import load_config
 from tests.conftest import ServerHandle, _openai, _serve_tiny
 
 OVERRIDES = ("--agent.plan_form=searches", "--agent.replay_min_similarity=0.95", "--agent.first_query=question",
-             "--agent.answer_from=evidence", "--agent.max_replans=0")
+             "--agent.answer_from=evidence", "--agent.max_replans=0", "--agent.closed_book=true",
+             "--agent.unsupervised_judge=grounded")
+"""The small_model profile's loop, spelled out (the tiny config runs the paper's)."""
 QUESTION = "Which river flows through Paris?"
 STORED_PLAN = "Search: Seine (river) | Paris\nSearch: Île de la Cité\n"
 """A plan with regex metacharacters and a non-ASCII letter: the replay's literal regex must escape them."""
@@ -66,3 +70,29 @@ def test_a_stored_success_for_the_same_question_is_replayed_and_learning_explore
                     ground_truth=["Seine"])
     plans = [r["plan"] for r in learning["rollouts"]]
     assert len(plans) == 2 and any(plan != STORED_PLAN.strip() for plan in plans)  # sampled, not replayed
+
+
+def test_the_closed_book_candidate_is_asked_and_the_answer_chosen_from_the_two(searches_server: ServerHandle) -> None:
+    """The trace holds the Manager's answer without tools; the returned answer is either the rollout's own
+    or that one, as ``answer_source`` says, and the own answer is kept when it was replaced."""
+    client = _openai(searches_server, 300)
+    out = client.chat.completions.create(model="mia", messages=[{"role": "user", "content": QUESTION}],
+                                         extra_body={"return_trace": True})
+    trace = out.model_extra["mia"]
+    (rollout,) = trace["rollouts"]
+    assert isinstance(trace["closed_book"], str) and trace["timings"]["closed_book"] > 0
+    assert rollout["answer_source"] in ("own", "closed_book")
+    if rollout["answer_source"] == "closed_book":
+        assert out.choices[0].message.content == rollout["final_answer"] == trace["closed_book"]
+        assert rollout["own_answer"] is not None
+    else:
+        assert rollout["own_answer"] is None
+
+
+def test_learning_without_gold_is_judged_by_the_evidence(searches_server: ServerHandle) -> None:
+    trace = _ask(_openai(searches_server, 300, searches_server.admin_key), "Who painted the Mona Lisa?", rollouts=2,
+                 learn=True)
+    for rollout in trace["rollouts"]:
+        verdict = rollout["verdict"]
+        assert verdict["source"] == "unsupervised" and verdict["reason"].startswith("grounded"), verdict
+        assert verdict["reviews"] == []
