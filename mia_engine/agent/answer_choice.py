@@ -1,4 +1,4 @@
-"""Which answer a rollout returns (``agent.closed_book``): its own, as the paper does, or the better of
+"""Which answer a rollout returns (``agent.answer_choice``): its own, as the paper does, or the better of
 its own and a closed-book candidate, the Manager's model asked the question directly with no tools (the
 eval's ``bare`` mode asks it the same way). A departure for small models (``small_model``): a 135M
 reader that retrieval misled answers from an unrelated passage, the title of one, or "not specified",
@@ -43,7 +43,7 @@ class AnswerChooser(Protocol):
 
 
 class OwnAnswer:
-    """The rollout's own answer, always (``closed_book = false``; paper, reference)."""
+    """The rollout's own answer, always (``answer_choice = "own"``; paper, reference)."""
 
     is_closed_book = False
 

@@ -141,8 +141,8 @@ class StageSampling(Frozen):
     caption: RoleSampling = RoleSampling(temperature=0.0, max_tokens=160)
     """The Manager's image caption (greedy: the caption is a retrieval key)."""
     closed_book: RoleSampling = RoleSampling(temperature=0.0, max_tokens=64)
-    """The Manager asked the question alone (``closed_book``, and the eval's ``bare`` mode): greedy, one
-    short answer."""
+    """The Manager asked the question alone (``answer_choice = "closed_book"``, and the eval's ``bare``
+    mode): greedy, one short answer."""
 
 
 class AgentConfig(Frozen):
@@ -234,15 +234,16 @@ class AgentConfig(Frozen):
     """How an answer is graded against ground truth: ``llm`` = the SimpleQA-style grader (paper,
     reference); ``match`` = normalised exact-or-contains string match, for judge models too small to
     grade (``small_model``). The verdict labels memories and drives the rewards."""
-    closed_book: bool = False
-    """Beside the research, ask the Manager's model the question alone (no tools) and return that
-    closed-book answer instead of the rollout's when the rollout's is degenerate or the passages support
-    it better (``answer_choice.py`` states the rule). False = the rollout's answer (paper, reference).
+    answer_choice: Literal["own", "closed_book"] = "own"
+    """Which answer a rollout returns. ``own``: its own (paper, reference). ``closed_book``: beside the
+    research, the Manager's model is asked the question alone (no tools), and that closed-book answer
+    is returned instead of the rollout's when the rollout's is degenerate or the passages support it
+    better (``answer_choice.py`` states the rule).
     For readers small enough to be misled by an unrelated passage about facts the model knows
     (``small_model``). Text questions of the full loop only (not the plain-ReAct baseline)."""
     min_support: float = 0.5
     """Share in [0, 1] of a question's weighted key terms a passage must hold, besides the answer's
-    claims, to support the answer (``closed_book`` and the ``grounded`` judge): below it the passage is
+    claims, to support the answer (the ``closed_book`` choice and the ``grounded`` judge): below it the passage is
     taken to be about something else."""
     unsupervised_judge: Literal["reviewers", "grounded"] = "reviewers"
     """How an answer is judged without ground truth (test-time learning). ``reviewers``: three LLM
@@ -311,7 +312,7 @@ PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
         "answer_from": "evidence",
         "workflow_summary": "extractive",
         "supervised_judge": "match",
-        "closed_book": True,
+        "answer_choice": "closed_book",
         "unsupervised_judge": "grounded",
     }),
 })

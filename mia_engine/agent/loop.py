@@ -82,7 +82,7 @@ class ResearchResult(msgspec.Struct):
     caption: str | None = None
     """The Manager's caption of the question's image (None for a text question)."""
     closed_book: str | None = None
-    """The Manager's answer without tools (``agent.closed_book``; None when not asked)."""
+    """The Manager's answer without tools (``agent.answer_choice``; None when not asked)."""
 
 
 class ResearchAgent:
@@ -116,8 +116,8 @@ class ResearchAgent:
     async def research(self, request: ResearchRequest, emit: Emit | None = None) -> ResearchResult:
         """One question through the paper's stages (MIA.md): caption an image → retrieve memories → plan
         (G samples) → route → execute all G (ReAct, reflect, replan) → judge and reward → memory → learn;
-        with ``closed_book`` the Manager answers the question alone meanwhile, and each rollout's answer
-        is chosen between its own and that one before the judge."""
+        with the ``closed_book`` answer choice the Manager answers the question alone meanwhile, and each
+        rollout's answer is chosen between its own and that one before the judge."""
         q = _Question(request, emit or _ignore, self.stages)
         closed_book = self._ask_closed_book(q)
         try:

@@ -314,7 +314,7 @@ Trajectory:
 """)
 
 CLOSED_BOOK = Template("manager.closed_book", "Answer with only the name or number.\nQuestion: {question}")
-"""The question asked of the model alone, no tools: the closed-book candidate (``agent.closed_book``) and
+"""The question asked of the model alone, no tools: the closed-book candidate (``agent.answer_choice``) and
 the eval's ``bare`` mode."""
 
 TEMPLATES: tuple[Template, ...] = (

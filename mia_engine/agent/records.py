@@ -17,7 +17,7 @@ from .verdicts import Verdict
 
 AnswerSource = Literal["own", "closed_book"]
 """Where a returned answer came from: the rollout (its Executor or its evidence answer) or the closed-book
-candidate (``agent.closed_book``)."""
+candidate (``agent.answer_choice``)."""
 
 
 class PlannerTokens(msgspec.Struct, frozen=True):
@@ -54,7 +54,7 @@ class Trajectory(msgspec.Struct, frozen=True):
     planner: PlannerTokens | None = None
     """The Planner's tokens for the learner (None when the engine gave no token ids)."""
     answer_source: AnswerSource = "own"
-    """Where ``final_answer`` came from (``agent.closed_book`` may return the closed-book candidate)."""
+    """Where ``final_answer`` came from (``agent.answer_choice`` may return the closed-book candidate)."""
     own_answer: str | None = None
     """The rollout's own final answer when the closed-book candidate replaced it (None otherwise)."""
 

@@ -9,7 +9,7 @@ fields that chose them.
     the returned answer     TrajectoryAnswer      EvidenceAnswer          (answer_from)
     workflow memory         ManagerSummary        ExtractiveWorkflow / SearchesWorkflow (workflow_summary)
     grading with gold       LLMGrader             StringMatch             (supervised_judge)
-    the closed-book answer  OwnAnswer             ClosedBookChoice        (closed_book, min_support)
+    the closed-book answer  OwnAnswer             ClosedBookChoice        (answer_choice, min_support)
     judging without gold    ReviewersJudge        GroundedJudge           (unsupervised_judge)
 """
 
@@ -57,7 +57,7 @@ def choose_strategies(config: AgentConfig, tools: Tools) -> Strategies:
                       EvidenceAnswer(config) if config.answer_from == "evidence" else TrajectoryAnswer(),
                       _workflow_writer(config),
                       StringMatch() if config.supervised_judge == "match" else LLMGrader(config),
-                      ClosedBookChoice(config.min_support) if config.closed_book else OwnAnswer(),
+                      ClosedBookChoice(config.min_support) if config.answer_choice == "closed_book" else OwnAnswer(),
                       GroundedJudge(config.min_support) if config.unsupervised_judge == "grounded"
                       else ReviewersJudge(config))
 

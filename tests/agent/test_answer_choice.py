@@ -49,6 +49,8 @@ def test_a_long_answer_is_supported_by_the_passage_holding_one_of_its_claims() -
     rambling = "Victor Hugo wrote it, and Gustave Flaubert wrote Madame Bovary in Rouen."
     assert support(rambling, passages_of([HUGO]), terms) > 0.8
     assert support("Gustave Flaubert", passages_of([HUGO]), terms) == 0.0
+    assert support("Monsieur Victor Hugo", passages_of([HUGO]), terms) > 0.8  # most of one name is enough
+    assert support("Monsieur Victor Flaubert", passages_of([HUGO]), terms) == 0.0
 
 
 def test_a_choice_question_may_be_answered_with_its_own_words() -> None:
@@ -114,7 +116,7 @@ def _script(evidence_answer: str, closed_book: str):
 async def test_a_degenerate_evidence_answer_gives_way_to_the_closed_book_one() -> None:
     """The fake search returns a passage about the Seine; the evidence answer says nothing."""
     agent, client, _ = agent_with(_script("The answer is:", "The Seine"), answer_from="evidence", max_replans=0,
-                                  closed_book=True)
+                                  answer_choice="closed_book")
     result = await agent.research(ResearchRequest("Which river flows through Paris?"))
     assert result.answer == "The Seine" and result.rollouts[0].trajectory.answer_source == "closed_book"
     assert "closed_book" in result.timings
@@ -123,14 +125,15 @@ async def test_a_degenerate_evidence_answer_gives_way_to_the_closed_book_one() -
 
 
 async def test_a_supported_evidence_answer_stands_against_an_unsupported_guess() -> None:
-    agent, _, _ = agent_with(_script("Seine", "The Loire"), answer_from="evidence", max_replans=0, closed_book=True)
+    agent, _, _ = agent_with(_script("Seine", "The Loire"), answer_from="evidence", max_replans=0,
+                             answer_choice="closed_book")
     result = await agent.research(ResearchRequest("Which river flows through Paris?"))
     assert result.answer == "Seine" and result.rollouts[0].trajectory.answer_source == "own"
 
 
 async def test_no_closed_book_call_for_plain_react_or_without_the_field() -> None:
     for request, fields in ((ResearchRequest("Which river flows through Paris?", use_planner=False),
-                             {"closed_book": True}),
+                             {"answer_choice": "closed_book"}),
                             (ResearchRequest("Which river flows through Paris?"), {})):
         agent, client, _ = agent_with(_script("The answer is:", "The Seine"), answer_from="evidence",
                                       max_replans=0, **fields)

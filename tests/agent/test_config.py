@@ -48,12 +48,12 @@ def test_from_toml_like_dict_and_errors():
 SMALL_MODEL = {"plan_form": "searches", "replay_min_similarity": 0.95, "max_replans": 0, "first_query": "question",
                "min_tool_calls": 1, "answer_from": "evidence", "workflow_summary": "extractive",
                "supervised_judge": "match", "first_image_search": False, "force_final_answer": True,
-               "max_plan_searches": 2, "closed_book": True, "unsupervised_judge": "grounded"}
+               "max_plan_searches": 2, "answer_choice": "closed_book", "unsupervised_judge": "grounded"}
 """The departures the embedded default ran before it named them a profile (its [agent] table then), and
 the two it gained since (the closed-book candidate and the evidence-grounded judge)."""
 PAPER = {"plan_form": "text", "replay_min_similarity": None, "max_replans": 1, "first_query": "model",
          "min_tool_calls": 0, "answer_from": "trajectory", "workflow_summary": "manager", "supervised_judge": "llm",
-         "first_image_search": False, "force_final_answer": True, "max_plan_searches": 2, "closed_book": False,
+         "first_image_search": False, "force_final_answer": True, "max_plan_searches": 2, "answer_choice": "own",
          "unsupervised_judge": "reviewers"}
 
 
@@ -76,6 +76,11 @@ def test_a_field_the_table_sets_wins_over_its_profile() -> None:
     assert _departures(load_config("default", {"agent.profile": "paper"}).agent) == PAPER
     with pytest.raises(ConfigError, match=r"^agent.profile: unknown profile 'tiny'"):
         load_config("default", {"agent.profile": "tiny"})
+
+
+def test_no_agent_field_is_named_like_a_sampling_stage() -> None:
+    """``[agent]`` refuses a stage's name as a moved sampling key, so a field of that name could never be set."""
+    assert not set(AgentConfig.__struct_fields__) & set(StageSampling.__struct_fields__)
 
 
 @pytest.mark.parametrize("stage", sorted(StageSampling.__struct_fields__))

@@ -2,7 +2,7 @@
 ``agent.replay_min_similarity``) through the real server on the tiny model: the Planner writes its plan
 under the searches regex, the Executor runs those searches, and a stored success for the same question
 is written again exactly (a literal regex compiled by the real structured-output backend). The same
-server asks the closed-book candidate (``agent.closed_book``) and judges without gold by the evidence
+server asks the closed-book candidate (``agent.answer_choice``) and judges without gold by the evidence
 (``agent.unsupervised_judge = "grounded"``)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mia_engine.config import load_config
 from tests.conftest import ServerHandle, _openai, _serve_tiny
 
 OVERRIDES = ("--agent.plan_form=searches", "--agent.replay_min_similarity=0.95", "--agent.first_query=question",
-             "--agent.answer_from=evidence", "--agent.max_replans=0", "--agent.closed_book=true",
+             "--agent.answer_from=evidence", "--agent.max_replans=0", "--agent.answer_choice=closed_book",
              "--agent.unsupervised_judge=grounded")
 """The small_model profile's loop, spelled out (the tiny config runs the paper's)."""
 QUESTION = "Which river flows through Paris?"
