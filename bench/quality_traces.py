@@ -36,7 +36,7 @@ def _row(question, result, seconds: float) -> dict:
             "first_answer": trajectory.first_answer, "answer_source": trajectory.answer_source,
             "own_answer": trajectory.own_answer, "closed_book": result.closed_book,
             "queries": [t.tool_call.arguments if t.tool_call else None for t in trajectory.turns],
-            "observations": [o.text[:600] if o else None for o in trajectory.observations]}
+            "observations": [o.text if o else None for o in trajectory.observations]}
 
 
 async def _passes(services, questions, modes: list[str], concurrency: int) -> dict:

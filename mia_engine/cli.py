@@ -151,8 +151,9 @@ def _eval_parser(sub: Any) -> None:
                          "(supervised, unsupervised) on the same questions; a table, JSON and a PNG")
     _common(cmd)
     cmd.add_argument("--dataset", required=True, help="a .jsonl/.parquet file with answers, or fanoutqa-dev")
-    cmd.add_argument("--split", choices=("dev", "heldout", "all"), default="all",
-                     help="only the rows whose 'split' field says so (default: %(default)s)")
+    cmd.add_argument("--split", default="all",
+                     help="only the rows whose 'split' field says so, e.g. dev, heldout (bench/devset_wiki.jsonl) or "
+                          "popular, longtail (bench/devset_popularity.jsonl); all = every row (default: %(default)s)")
     cmd.add_argument("--limit", type=int, default=None, help="only the first N questions (of the split)")
     cmd.add_argument("--epochs", type=int, default=3, help="test-time-learning epochs (default %(default)s)")
     cmd.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",

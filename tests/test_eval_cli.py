@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mia_engine.evals.evaluate import select_questions
 from mia_engine.evals.results import BASELINES, MODES, TTL_MODES
 
 DEVSET = Path(__file__).resolve().parent.parent / "bench" / "devset_wiki.jsonl"
@@ -59,4 +60,18 @@ def test_a_split_the_dataset_lacks_is_a_one_line_error(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
     assert result.returncode != 0
     message = f"python -m mia_engine: error: --split dev: {data} has no 'split' field"
+    assert result.stderr.strip().splitlines()[-1] == message
+
+
+def test_any_split_the_dataset_has_is_taken_and_another_lists_them(tmp_path: Path) -> None:
+    """``--split`` is not a fixed list: the popularity set's ``popular`` and ``longtail`` are splits too."""
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": "Q?", "answer": ["x"], "split": split}) + "\n"
+                            for i, split in (("a", "popular"), ("b", "longtail"))))
+    assert [q.id for q in select_questions(str(data), "longtail", None)] == ["b"]
+    result = subprocess.run([sys.executable, "-m", "mia_engine", "eval", "--config", "tiny", "--dataset", str(data),
+                             "--split", "dev", "--data-dir", str(tmp_path / "data")],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
+    assert result.returncode != 0
+    message = f"python -m mia_engine: error: --split dev: {data} has the splits longtail, popular (or all)"
     assert result.stderr.strip().splitlines()[-1] == message

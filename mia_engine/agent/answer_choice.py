@@ -4,7 +4,9 @@ eval's ``bare`` mode asks it the same way). A departure for small models (``smal
 reader that retrieval misled answers from an unrelated passage, the title of one, or "not specified",
 where the model alone knew the answer (Mallen et al., 2023, "When Not to Trust Language Models").
 
-The closed-book rule, in order (support, claims and degenerate answers: ``evidence_support.py``):
+The closed-book rule, in order (support, claims, salvage and degenerate answers: ``evidence_support.py``),
+after each hedged answer is salvaged ("Victor Hugo ... is not mentioned in the passage" → "Victor Hugo"
+when a passage about the question supports it):
 
     1. own answer degenerate              → closed book (unless it is degenerate too)
     2. closed-book answer degenerate      → own
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from . import prompts
-from .evidence_support import QuestionTerms, is_degenerate, passages_of, support
+from .evidence_support import QuestionTerms, is_degenerate, passages_of, salvage, support
 from .records import AnswerSource
 
 
@@ -63,11 +65,15 @@ class ClosedBookChoice:
     def choose(self, question: str, own: str | None, closed_book: str | None,
                evidence: Sequence[str]) -> AnswerChoice:
         terms = QuestionTerms.of(question)
-        if closed_book is None or is_degenerate(closed_book, terms):
+        passages = passages_of(evidence)
+        own = salvage(own, passages, terms, self.min_support)
+        if closed_book is None:
+            return AnswerChoice(own, "own")
+        closed_book = salvage(closed_book, passages, terms, self.min_support)
+        if is_degenerate(closed_book, terms):
             return AnswerChoice(own, "own")
         if is_degenerate(own, terms):
             return AnswerChoice(closed_book, "closed_book")
-        passages = passages_of(evidence)
         own_support, closed_support = support(own, passages, terms), support(closed_book, passages, terms)
         if max(own_support, closed_support) < self.min_support or closed_support > own_support:
             return AnswerChoice(closed_book, "closed_book")

@@ -4,11 +4,13 @@ call): the closed-book choice (``answer_choice.py``) and the evidence-grounded j
     relevance(passage)  weighted share of the question's key terms the passage contains; names
                         (capitalised or quoted words, numbers) weigh twice
     claims(answer)      what the answer asserts beyond the question: each run of names or numbers
-                        less the question's words, else its other content words
-    support(answer)     the best relevance of a passage holding (half of) one of its claims
-    is_degenerate       empty, "The answer is:" with nothing after it, "not specified / mentioned",
-                        a refusal, an answer that only repeats the question's words, or one without
-                        what the question asks for (a year, a nationality)
+                        less the question's words, else its other content words; of the kind the
+                        question asks for (a year, a nationality) when its form says
+    support(answer)     the best relevance of a passage holding most of one of its claims
+    is_degenerate       empty, "The answer is:" with nothing after it, a refusal or a hedge ("not
+                        specified", "the passage"), only the question's words, or nothing of the kind
+                        the question asks for
+    salvage(answer)     a hedged answer as its best supported claim, when one is supported
 
 A passage about the question's subject that states the answer supports it; an unrelated passage that
 happens to hold a name does not, which is the case where retrieval should not override the model
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .answer_match import normalize_answer
 
@@ -38,11 +41,14 @@ another content word: the subject's name is what tells a relevant passage from a
 _DOC_LINE = re.compile(r"^Doc \d+\(Title: (.*?)\) ", re.MULTILINE)
 _QUOTED = re.compile(r"[\"“”«»]([^\"“”«»]+)[\"“”«»]")
 _WORD = re.compile(r"[\w'’\-]+", re.UNICODE)
-_DEGENERATE = re.compile(
+_HEDGE = re.compile(
     r"\b(not (explicitly |directly |clearly )?(specified|mentioned|stated|provided|given|known|available|found|clear|"
     r"possible|sure|certain)|no (information|answer|mention|data|record)|does ?n[o']t (say|mention|specify|state|"
     r"provide|contain)|can ?not (be )?(determined|answered|found|find|say)|i (do ?n[o']t|cannot|can ?t) know|"
-    r"unable to)\b|^\W*(unknown|none|n/?a)\W*$", re.IGNORECASE)
+    r"unable to|the (original |given )?(question|passages?|text))\b|^\W*(unknown|none|n/?a)\W*$",
+    re.IGNORECASE)
+"""A refusal, a hedge or talk about the question or the passages: such an answer says nothing by itself,
+though a name in it may still be the answer (``salvage``)."""
 EXPECTED: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
     (re.compile(r"\b(which|what) year\b|^\s*when\b", re.IGNORECASE), re.compile(r"\b\d{3,4}\b")),
     (re.compile(r"\bnationality\b", re.IGNORECASE),
@@ -107,49 +113,76 @@ def relevance(passage: Passage, terms: QuestionTerms) -> float:
     return sum(w for word, w in terms.weights.items() if word in passage.words) / total
 
 
-def claims(answer: str, terms: QuestionTerms) -> list[frozenset[str]]:
-    """What the answer asserts beyond the question, one word set per claim: each run of capitalised
-    words or numbers ("Jonathan Swift", "1336") less the question's words and stopwords; without such
-    a run, its other content words as one claim. A 135M model's answer is often a sentence naming
-    several things, so each claim is weighed on its own."""
+class Claim(NamedTuple):
+    """One thing an answer asserts: its text as written and its words less the question's."""
+
+    text: str
+    words: frozenset[str]
+
+
+def claims(answer: str, terms: QuestionTerms) -> list[Claim]:
+    """What the answer asserts beyond the question, one claim per run of capitalised words or numbers
+    ("Jonathan Swift", "1336") less the question's words and stopwords; without such a run, its other
+    content words as one claim. A 135M model's answer is often a sentence naming several things, so each
+    claim is weighed on its own; when the question's form says what it wants (``EXPECTED``), only the
+    claims of that kind count."""
     runs: list[list[str]] = [[]]
     for word in _WORD.findall(answer):
         if word[0].isupper() or word[0].isdigit():
             runs[-1].append(word)
         elif runs[-1]:
             runs.append([])
-    named = [_claim(" ".join(run), terms) for run in runs if run]
-    found = [claim for claim in named if claim]
-    if found:
-        return found
-    rest = _claim(answer, terms)
-    return [rest] if rest else []
+    named = [Claim(text, _claim_words(text, terms)) for text in (" ".join(run) for run in runs if run)]
+    found = [claim for claim in named if claim.words]
+    if not found:
+        rest = _claim_words(answer, terms)
+        found = [Claim(answer, rest)] if rest else []
+    return [c for c in found if terms.expects.search(c.text)] if terms.expects is not None else found
+
+
+def claim_support(claim: Claim, passages: Sequence[Passage], terms: QuestionTerms) -> float:
+    """The best relevance of a passage holding most (over half) of the claim's words; 0 when none does."""
+    return max((relevance(p, terms) for p in passages if 2 * len(claim.words & p.words) > len(claim.words)),
+               default=0.0)
 
 
 def support(answer: str | None, passages: Sequence[Passage], terms: QuestionTerms) -> float:
-    """The best relevance of a passage holding at least half the words of one of the answer's claims; 0
-    for a degenerate answer or when no passage holds any."""
-    if answer is None or is_degenerate(answer, terms):
+    """The best support of one of the answer's claims; 0 for a degenerate answer."""
+    if is_degenerate(answer, terms):
         return 0.0
-    return max((relevance(p, terms) for claim in claims(answer, terms) for p in passages
-                if 2 * len(claim & p.words) >= len(claim)), default=0.0)
+    return max((claim_support(c, passages, terms) for c in claims(_body(answer or ""), terms)), default=0.0)
+
+
+def salvage(answer: str | None, passages: Sequence[Passage], terms: QuestionTerms, min_support: float) -> str | None:
+    """A hedged answer ("Victor Hugo ... is not mentioned in the passage") as its best supported claim
+    ("Victor Hugo") when that reaches ``min_support``; any other answer unchanged."""
+    if answer is None or not _HEDGE.search(answer):
+        return answer
+    scored = [(claim_support(c, passages, terms), c.text) for c in claims(_body(answer), terms)]
+    best = max(scored, default=(0.0, ""))
+    return best[1] if best[0] >= min_support else answer
 
 
 def is_degenerate(answer: str | None, terms: QuestionTerms) -> bool:
-    """An answer that answers nothing: empty once "The answer is:" is cut, a refusal or "not
-    specified", (unless the question offers alternatives) only the question's own words, or nothing of
-    the kind the question asks for (a year, a nationality)."""
+    """An answer that answers nothing: empty once "The answer is:" is cut, a refusal, a hedge or talk
+    about the question or the passages, (unless the question offers alternatives) only the question's
+    own words, or nothing of the kind the question asks for (a year, a nationality)."""
     if answer is None:
         return True
-    body = _ANSWER_PREFIX.sub("", answer).strip()
-    if not normalize_answer(body) or _DEGENERATE.search(body):
+    body = _body(answer)
+    if not normalize_answer(body) or _HEDGE.search(body):
         return True
     if terms.expects is not None and not terms.expects.search(body):
         return True
     return not terms.is_choice and not claims(body, terms)
 
 
-def _claim(text: str, terms: QuestionTerms) -> frozenset[str]:
+def _body(answer: str) -> str:
+    """The answer without a leading "The answer is:"."""
+    return _ANSWER_PREFIX.sub("", answer).strip()
+
+
+def _claim_words(text: str, terms: QuestionTerms) -> frozenset[str]:
     return frozenset(w for w in _words(text) if w not in terms.words and w not in STOPWORDS
                      and (len(w) > 1 or w.isdigit()))
 

@@ -246,6 +246,10 @@ def select_questions(dataset: str, split: str, limit: int | None) -> list[Questi
         rows = [row for row in read_rows(path) if isinstance(row, dict)]
         if not any("split" in row for row in rows):
             raise SystemExit(f"python -m mia_engine: error: --split {split}: {dataset} has no 'split' field")
+        splits = sorted({str(row["split"]) for row in rows if "split" in row})
+        if split not in splits:
+            raise SystemExit(f"python -m mia_engine: error: --split {split}: {dataset} has the splits "
+                             f"{', '.join(splits)} (or all)")
         ids = {q.id for i, row in enumerate(rows) if row.get("split") == split
                for q in [row_question(row, i)] if q is not None}
         questions = [q for q in questions if q.id in ids]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mia_engine.agent.answer_choice import ClosedBookChoice, OwnAnswer
-from mia_engine.agent.evidence_support import QuestionTerms, is_degenerate, passages_of, relevance, support
+from mia_engine.agent.evidence_support import (QuestionTerms, is_degenerate, passages_of, relevance, salvage,
+                                               support)
 from mia_engine.agent.loop import ResearchRequest
 
 from .test_loop import CALL, agent_with, role_script
@@ -20,7 +21,8 @@ QUESTION = 'Who wrote the 1862 novel "Les Misérables"?'
 @pytest.mark.parametrize("answer", [
     "", "   ", "The answer is:", "The answer is: .", "The author of \"Les Misérables\" is not specified.",
     "The passage does not mention the author.", "Unknown", "I don't know", "Les Misérables",
-    "The 1862 novel Les Misérables", None])
+    "The 1862 novel Les Misérables", "The original question asks who wrote Les Misérables.",
+    "Victor Hugo is not explicitly mentioned in the passage.", None])
 def test_an_answer_that_answers_nothing_is_degenerate(answer: str | None) -> None:
     assert is_degenerate(answer, QuestionTerms.of(QUESTION))
 
@@ -51,6 +53,32 @@ def test_a_long_answer_is_supported_by_the_passage_holding_one_of_its_claims() -
     assert support("Gustave Flaubert", passages_of([HUGO]), terms) == 0.0
     assert support("Monsieur Victor Hugo", passages_of([HUGO]), terms) > 0.8  # most of one name is enough
     assert support("Monsieur Victor Flaubert", passages_of([HUGO]), terms) == 0.0
+
+
+def test_a_hedged_answer_is_salvaged_to_the_name_a_relevant_passage_supports() -> None:
+    terms = QuestionTerms.of(QUESTION)
+    hedged = "Victor Hugo, the author of Les Misérables, is not explicitly mentioned in the passage."
+    assert salvage(hedged, passages_of([HUGO]), terms, 0.5) == "Victor Hugo"
+    assert salvage(hedged, passages_of([MONET]), terms, 0.5) == hedged      # nothing supports it: it stays
+    assert salvage("Jules Verne", passages_of([HUGO]), terms, 0.5) == "Jules Verne"  # not hedged: unchanged
+    choice = CHOICE.choose(QUESTION, hedged, "The original question asks who wrote it.", [HUGO])
+    assert choice == ("Victor Hugo", "own")
+
+
+def test_only_a_claim_of_the_kind_asked_for_supports_the_answer() -> None:
+    """A year question's answer is supported by its year, not by another name the passage also holds."""
+    question = "In which year was Recife founded?"
+    recife = passages_of(["Doc 1(Title: Recife) Recife, in Brazil, was founded in 1537 by the Portuguese."])
+    terms = QuestionTerms.of(question)
+    assert support("Recife was founded in 1537 in Brazil.", recife, terms) > 0.5
+    assert support("In 2022, Recife was founded in Recife, Brazil.", recife, terms) == 0.0
+
+
+def test_a_claim_is_supported_by_most_of_its_words_not_by_one_common_word() -> None:
+    dracula = passages_of(["Doc 1(Title: Dracula) Dracula is an 1897 Gothic horror novel by Bram Stoker."])
+    terms = QuestionTerms.of('Who wrote the 1897 novel "Dracula"?')
+    assert support("The answer is: Dr. Horror", dracula, terms) == 0.0
+    assert support("Bram Stoker", dracula, terms) > 0.5
 
 
 def test_a_choice_question_may_be_answered_with_its_own_words() -> None:
