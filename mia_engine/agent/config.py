@@ -238,13 +238,13 @@ class AgentConfig(Frozen):
     """Which answer a rollout returns. ``own``: its own (paper, reference). ``closed_book``: beside the
     research, the Manager's model is asked the question alone (no tools), and that closed-book answer
     is returned instead of the rollout's when the rollout's is degenerate or the passages support it
-    better (``answer_choice.py`` states the rule).
-    For readers small enough to be misled by an unrelated passage about facts the model knows
-    (``small_model``). Text questions of the full loop only (not the plain-ReAct baseline)."""
+    better (``answer_choice.py`` states the rule). For readers small enough to be misled by an unrelated
+    passage about facts the model knows (``small_model``). Text questions of the full loop only (not
+    the plain-ReAct baseline)."""
     min_support: float = 0.5
     """Share in [0, 1] of a question's weighted key terms a passage must hold, besides the answer's
-    claims, to support the answer (the ``closed_book`` choice and the ``grounded`` judge): below it the passage is
-    taken to be about something else."""
+    claim, to support the answer (the ``closed_book`` choice and the ``grounded`` judge): below it the
+    passage is taken to be about something else."""
     unsupervised_judge: Literal["reviewers", "grounded"] = "reviewers"
     """How an answer is judged without ground truth (test-time learning). ``reviewers``: three LLM
     reviewers and an Area Chair (paper, reference). ``grounded``: correct iff the answer is not

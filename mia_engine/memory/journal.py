@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from ..base.files import fsync_dir, write_file_atomic
+from ..base.files import fsync_dir, private_dir, write_file_atomic
 from .config import DurabilityConfig
 from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair, RecordTooLarge
 
@@ -45,7 +45,6 @@ SNAPSHOT_NAME = "memory.snapshot"
 _HEADER = struct.Struct("<II")  # payload length, crc32
 _SNAPSHOT_FORMAT = 1
 _FILE_MODE = 0o600
-_DIR_MODE = 0o700
 CORRUPT_SUFFIX = ".corrupt-"
 MAX_FRAME_BYTES = 2**32 - 1
 """What a frame's u32 length field can say."""
@@ -312,8 +311,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _make_private_dir(path: Path) -> None:
-    existed = path.is_dir()
-    path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(path, _DIR_MODE)
+    """The memory folder made private, or an existing one checked, as every folder the server writes
+    (``base/files.py: private_dir``); a new one's entry in its parent is made durable."""
+    existed = os.path.lexists(path)
+    private_dir(path, "server.data_dir")
     if not existed:
         fsync_dir(path.parent)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mia_engine.base.files import UnsafeFolder
 from mia_engine.memory.config import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, RecordTooLarge, vector_to_bytes
 from mia_engine.memory.journal import JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
@@ -299,6 +300,17 @@ def test_import_is_written_in_changes_that_replay(tmp_path: Path) -> None:
     reopened = open_store(tmp_path, config)
     assert len(reopened) == 20
     reopened.close()
+
+
+def test_a_memory_folder_others_can_write_is_refused_not_reused(tmp_path: Path) -> None:
+    """The memory folder is checked like every folder the server writes: one that other users can write
+    may hold their files, so the store refuses it (one line naming the field) instead of opening it."""
+    data_dir = tmp_path / "memory"
+    data_dir.mkdir()
+    os.chmod(data_dir, 0o777)
+    with pytest.raises(UnsafeFolder, match=r"^server\.data_dir: .*memory"):
+        open_store(data_dir)
+    assert not (data_dir / JOURNAL_NAME).exists()
 
 
 def test_files_are_private(tmp_path: Path) -> None:
