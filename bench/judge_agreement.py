@@ -1,6 +1,6 @@
 """How often the evidence-grounded judge (``agent.unsupervised_judge = "grounded"``) agrees with the gold
 answers, replayed on kept traces: every answer of a ``bench/quality_traces.py`` file (the rollout's own, the
-closed-book candidate, and the one the closed-book rule returns) judged by ``GroundedJudge``'s rule against
+closed-book candidate, and the one the closed-book rule returns) judged by ``GroundedJudge.verdict`` against
 its rollout's passages, then compared with the string match against gold.
 
     python bench/judge_agreement.py bench/results/quality_traces_dev_v19_rule1.json
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from mia_engine.agent.answer_choice import ClosedBookChoice  # noqa: E402
 from mia_engine.agent.answer_match import is_match  # noqa: E402
 from mia_engine.agent.config import AgentConfig  # noqa: E402
-from mia_engine.agent.evidence_support import QuestionTerms, is_degenerate, passages_of, support  # noqa: E402
+from mia_engine.agent.judge import GroundedJudge  # noqa: E402
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("traces", type=Path)
     args = parser.parse_args()
     min_support = AgentConfig.for_profile("small_model").min_support
-    choice = ClosedBookChoice(min_support)
+    choice, judge = ClosedBookChoice(min_support), GroundedJudge(min_support)
     counts = {(verdict, gold): 0 for verdict in (True, False) for gold in (True, False)}
     for mode in json.loads(args.traces.read_text())["passes"].values():
         for row in mode["questions"]:
@@ -34,9 +34,8 @@ def main() -> None:
             own = row.get("own_answer") or row["answer"]
             answers = [own] if row.get("closed_book") is None else [
                 own, row["closed_book"], choice.choose(row["question"], own, row["closed_book"], evidence).answer]
-            terms, passages = QuestionTerms.of(row["question"]), passages_of(evidence)
             for answer in answers:
-                verdict = not is_degenerate(answer, terms) and support(answer, passages, terms) >= min_support
+                verdict = judge.verdict(row["question"], answer, evidence).is_correct
                 counts[(verdict, is_match(answer, row["gold"]))] += 1
     tp, fp, fn, tn = counts[(True, True)], counts[(True, False)], counts[(False, True)], counts[(False, False)]
     total = tp + fp + fn + tn

@@ -186,10 +186,14 @@ class GroundedJudge:
 
     async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
                     prediction: str | None) -> Verdict:
+        return self.verdict(question, prediction, evidence_texts(trajectory.observations))
+
+    def verdict(self, question: str, prediction: str | None, evidence: Sequence[str]) -> Verdict:
+        """The verdict on ``prediction`` given the texts of the rollout's successful searches."""
         terms = QuestionTerms.of(question)
         if is_degenerate(prediction, terms):
             return Verdict(False, "B", "unsupervised", reason="grounded: the answer answers nothing")
-        score = support(prediction, passages_of(evidence_texts(trajectory.observations)), terms)
+        score = support(prediction, passages_of(evidence), terms)
         is_correct = score >= self.min_support
         return Verdict(is_correct, "A" if is_correct else "B", "unsupervised",
                        reason=f"grounded: best supporting passage holds {score:.2f} of the question's key terms")

@@ -23,7 +23,7 @@ import msgspec
 
 from . import judge, prompts
 from .admission import check_fits, check_images
-from .answer_choice import closed_book_messages
+from .answer_choice import ask_closed_book
 from .config import AgentConfig
 from .executor_run import evidence_texts
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
@@ -152,14 +152,10 @@ class ResearchAgent:
     async def _closed_book(self, q: _Question) -> str | None:
         """The Manager's answer to the question alone, no tools (None when it says nothing or the question
         does not fit its context)."""
-        options = sampling_options(self.config.sampling.closed_book, affinity_key=q.affinity)
-        manager = self.config.roles.manager
         with q.clock("closed_book"):
-            try:
-                prompt = await self.client.render_chat(manager, closed_book_messages(q.request.question))
-                (completion,) = await complete_ids(self.client, manager, prompt, options)
-            except ValueError:
-                return None
+            completion = await ask_closed_book(self.client, self.config, q.request.question, affinity_key=q.affinity)
+        if completion is None:
+            return None
         return strip_think(completion.text).strip() or None
 
     async def _caption(self, q: _Question) -> str | None:

@@ -32,9 +32,8 @@ import msgspec
 from tqdm import tqdm
 
 from . import report as eval_report
-from ..agent.answer_choice import closed_book_messages
+from ..agent.answer_choice import ask_closed_book
 from ..agent.answer_match import is_match
-from ..agent.llm import complete_ids, sampling_options
 from ..agent.loop import NO_ANSWER, ResearchRequest, ResearchResult
 from ..config import MIAConfig
 from ..base.data import (NAMED_DATASETS, Question, load_dataset, named_dataset_path, question_image, read_rows,
@@ -78,19 +77,12 @@ async def run_pass(questions: list[Question], answer: Answer, *, concurrency: in
 
 
 def bare_answer(services: Services) -> Answer:
-    """The ``manager`` role asked directly: the research loop's closed-book request and sampling."""
-    options = sampling_options(services.config.agent.sampling.closed_book)
-    manager = services.config.agent.roles.manager
+    """The ``manager`` role asked directly: the research loop's closed-book request (``ask_closed_book``)."""
 
     async def answer(question: Question) -> Prediction:
         start = time.perf_counter()
-        messages = closed_book_messages(question.question)
-        try:
-            prompt = await services.roles.render_chat(manager, messages)
-            (completion,) = await complete_ids(services.roles, manager, prompt, options)
-            text, num_tokens = completion.text.strip(), len(completion.token_ids)
-        except ValueError:  # a prompt too long for the model
-            text, num_tokens = "", 0
+        completion = await ask_closed_book(services.roles, services.config.agent, question.question)
+        text, num_tokens = (completion.text.strip(), len(completion.token_ids)) if completion else ("", 0)
         return _prediction(question, text or NO_ANSWER, 0, num_tokens, time.perf_counter() - start)
 
     return answer
