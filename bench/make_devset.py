@@ -169,8 +169,13 @@ def two_hop_candidates(entries: list[dict], recipe: str, exclude: set[str]) -> I
                    "source_titles": [entry["title"], bridge], "hops": 2}
 
 
+def wiki_entries() -> dict[str, dict]:
+    """The default corpus's entries by title (``title``, ``description``, ``extract``, ...)."""
+    return json.loads(wiki_offline_path().read_bytes())
+
+
 def make_devset(seed: int) -> list[dict]:
-    entries = list(json.loads(wiki_offline_path().read_bytes()).values())
+    entries = list(wiki_entries().values())
     rng = random.Random(seed)
     pools = {recipe: list(candidates(entries, recipe)) for recipe in PER_RECIPE}
     picked: dict[str, list[dict]] = {}

@@ -43,7 +43,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench import make_devset  # noqa: E402
-from mia_engine.tools.corpus import wiki_offline_path  # noqa: E402
 
 PER_SPLIT = {"capital": 15, "country": 15, "founded": 2}
 """Rows per recipe in each split (32 in all); founded has few candidates (14, half of them in dev)."""
@@ -141,7 +140,7 @@ def dev_rows(path: Path = DEVSET) -> list[dict]:
 
 
 def make_popularity_sets(devset: Path = DEVSET) -> list[dict]:
-    entries = list(json.loads(wiki_offline_path().read_bytes()).values())
+    entries = list(make_devset.wiki_entries().values())
     popularity = in_links(entries)
     dev = dev_rows(devset)
     dev_ids = {row["id"] for row in dev}

@@ -112,6 +112,14 @@ def _async_openai(server: ServerHandle):
 
 
 @pytest.fixture(scope="session")
+def wiki_passages() -> dict[str, str]:
+    """The default corpus's passage texts by title (the dev and popularity sets check their answers in them)."""
+    from bench.make_devset import wiki_entries
+
+    return {title: entry["extract"] for title, entry in wiki_entries().items()}
+
+
+@pytest.fixture(scope="session")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The shared server: tests may add requests and memories, never change adapters or weights."""
     yield from _serve_tiny(tmp_path_factory.mktemp("tiny_server"))

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench import make_devset
-from mia_engine.tools.corpus import wiki_offline_path
 
 DEVSET = Path(make_devset.__file__).with_name("devset_wiki.jsonl")
-
-
-@pytest.fixture(scope="module")
-def passages() -> dict[str, str]:
-    return {title: entry["extract"] for title, entry in json.loads(wiki_offline_path().read_bytes()).items()}
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +31,18 @@ def test_size_hops_and_halves(rows: list[dict]) -> None:
         assert abs(splits.count("dev") - splits.count("heldout")) <= 1 and set(splits) == {"dev", "heldout"}
 
 
-def test_answers_are_literally_in_their_passages(rows: list[dict], passages: dict[str, str]) -> None:
+def test_answers_are_literally_in_their_passages(rows: list[dict], wiki_passages: dict[str, str]) -> None:
     for row in rows:
         assert row["source_title"] == row["source_titles"][-1] and len(row["source_titles"]) == row["hops"]
-        assert row["answer"][0] in passages[row["source_title"]], row
+        assert row["answer"][0] in wiki_passages[row["source_title"]], row
 
 
-def test_two_hop_rows_need_both_passages(rows: list[dict], passages: dict[str, str]) -> None:
+def test_two_hop_rows_need_both_passages(rows: list[dict], wiki_passages: dict[str, str]) -> None:
     for row in (r for r in rows if r["hops"] == 2):
         first, bridge = row["source_titles"]
-        assert bridge in passages[first], row  # hop 1: the first passage names the bridge
-        assert row["answer"][0] not in passages[first], row  # the answer is not a single hop away
-        assert row["answer"][0] in passages[bridge], row  # hop 2: the bridge's own passage states it
+        assert bridge in wiki_passages[first], row  # hop 1: the first passage names the bridge
+        assert row["answer"][0] not in wiki_passages[first], row  # the answer is not a single hop away
+        assert row["answer"][0] in wiki_passages[bridge], row  # hop 2: the bridge's own passage states it
 
 
 def test_two_hop_recipes_on_made_up_entries() -> None:

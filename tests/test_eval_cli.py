@@ -55,12 +55,7 @@ def test_eval_runs_every_mode_and_writes_json_and_png(tmp_path: Path) -> None:
 def test_a_split_the_dataset_lacks_is_a_one_line_error(tmp_path: Path) -> None:
     data = tmp_path / "plain.jsonl"
     data.write_text(json.dumps({"id": "a", "question": "Q?", "answer": ["x"]}) + "\n")
-    result = subprocess.run([sys.executable, "-m", "mia_engine", "eval", "--config", "tiny", "--dataset", str(data),
-                             "--split", "dev", "--data-dir", str(tmp_path / "data")],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
-    assert result.returncode != 0
-    message = f"python -m mia_engine: error: --split dev: {data} has no 'split' field"
-    assert result.stderr.strip().splitlines()[-1] == message
+    assert _split_dev_error(data, tmp_path) == f"python -m mia_engine: error: --split dev: {data} has no 'split' field"
 
 
 def test_any_split_the_dataset_has_is_taken_and_another_lists_them(tmp_path: Path) -> None:
@@ -69,9 +64,14 @@ def test_any_split_the_dataset_has_is_taken_and_another_lists_them(tmp_path: Pat
     data.write_text("".join(json.dumps({"id": i, "question": "Q?", "answer": ["x"], "split": split}) + "\n"
                             for i, split in (("a", "popular"), ("b", "longtail"))))
     assert [q.id for q in select_questions(str(data), "longtail", None)] == ["b"]
+    message = f"python -m mia_engine: error: --split dev: {data} has the splits longtail, popular (or all)"
+    assert _split_dev_error(data, tmp_path) == message
+
+
+def _split_dev_error(data: Path, tmp_path: Path) -> str:
+    """The last stderr line of ``eval --split dev`` on ``data``, which must fail."""
     result = subprocess.run([sys.executable, "-m", "mia_engine", "eval", "--config", "tiny", "--dataset", str(data),
                              "--split", "dev", "--data-dir", str(tmp_path / "data")],
                             capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
     assert result.returncode != 0
-    message = f"python -m mia_engine: error: --split dev: {data} has the splits longtail, popular (or all)"
-    assert result.stderr.strip().splitlines()[-1] == message
+    return result.stderr.strip().splitlines()[-1]

@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench import make_popularity_sets
-from mia_engine.tools.corpus import wiki_offline_path
 
 POPULARITY_SET = Path(make_popularity_sets.__file__).with_name("devset_popularity.jsonl")
-
-
-@pytest.fixture(scope="module")
-def passages() -> dict[str, str]:
-    return {title: entry["extract"] for title, entry in json.loads(wiki_offline_path().read_bytes()).items()}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +40,9 @@ def test_no_overlap_with_the_dev_split(rows: list[dict]) -> None:
     assert not {row["source_title"] for row in rows} & dev_titles
 
 
-def test_answers_are_literally_in_their_passages(rows: list[dict], passages: dict[str, str]) -> None:
+def test_answers_are_literally_in_their_passages(rows: list[dict], wiki_passages: dict[str, str]) -> None:
     for row in rows:
-        assert row["answer"][0] in passages[row["source_title"]], row
+        assert row["answer"][0] in wiki_passages[row["source_title"]], row
         assert row["answer"][0] not in row["question"], row
 
 
