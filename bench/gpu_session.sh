@@ -5,6 +5,11 @@
 #
 #   bash bench/gpu_session.sh [OUT_DIR]        (default bench/results/gpu; PYTHON picks the interpreter)
 #
+# A lent machine has torch and triton but may lack this project's pure dependencies and can fetch
+# nothing: wheels put in ./.whl (git-ignored; carry it) are installed into a private folder first, e.g.
+#   pip download msgspec transformers peft --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux_2_17_x86_64 -d .whl
+#
 # Steps: the Triton kernel against the bandwidth floor with a sweep of its launch (memory_score), the
 # doctor (kernel vs reference at 1M x 384, a GRPO step of a 4-layer Qwen3-8B-shaped stack, faiss-gpu),
 # memory searches while the learner trains on the same GPU (contention: priority vs default streams),
@@ -17,6 +22,11 @@ out=${1:-bench/results/gpu}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if compgen -G ".whl/*.whl" >/dev/null; then
+    wheels=$(mktemp -d)
+    "$py" -m pip install -q --no-index --no-deps --target "$wheels" .whl/*.whl >"$out/wheels.txt" 2>&1
+    export PYTHONPATH="$wheels${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 step() {  # step NAME SECONDS COMMAND...: run it, keep its output, record how it ended
     local name=$1 limit=$2 started=$SECONDS rc

@@ -83,14 +83,26 @@ def machine_has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def bind_device(device: str) -> str:
+    """Make ``device`` (any name ``resolve_device`` takes: a bare ``cuda`` has no index, which torch's
+    ``set_device`` refuses) the calling thread's CUDA device; nothing on the CPU. Returns the resolved
+    name."""
+    device = resolve_device(device)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+    return device
+
+
 def bind_thread(device: str, priority: Priority) -> None:
     """Make ``device`` the calling thread's CUDA device and a new stream of ``priority`` its current
     stream; nothing on the CPU. Call it first thing in a component's own thread."""
+    device = bind_device(device)
     if not device.startswith("cuda"):
         return
     import torch
 
-    torch.cuda.set_device(torch.device(device))
     torch.cuda.set_stream(torch.cuda.Stream(device=torch.device(device), priority=STREAM_PRIORITY[priority]))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from mia_engine.config import load_config
-from mia_engine.devices import STREAM_PRIORITY, gpu_index, resolve_device, resolved_devices
+from mia_engine.devices import STREAM_PRIORITY, gpu_index, resolve_device, resolved_devices, thread_binder
 from mia_engine.engines.adapters import AdapterRegistry
 from mia_engine.learner.config import LearnerConfig
 from mia_engine.learner.ttl import TestTimeLearner
@@ -43,7 +44,10 @@ class FakeCuda:
         self._local = threading.local()
 
     def set_device(self, device: torch.device) -> None:
-        self._local.device = torch.device(device)
+        device = torch.device(device)
+        if device.index is None:  # what torch.cuda.set_device says to a bare "cuda"
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        self._local.device = device
 
     def set_stream(self, stream: FakeStream) -> None:
         assert stream.device == self._local.device, "a stream of another GPU than the thread's"
@@ -71,6 +75,14 @@ def test_names_resolve_to_the_gpu_the_budget_counts() -> None:
                                                    "tools.embedder.device": "cuda:2"}), has_gpu=True)
     assert (config.memory.score_device, config.learner.device, config.tools.embedder.device,
             config.memory.embedder.device) == ("cuda:0", "cuda:0", "cuda:2", "cpu")
+
+
+def test_a_bare_cuda_binds_gpu_0_instead_of_failing_the_thread(fake_cuda: FakeCuda) -> None:
+    """``doctor --checks contention`` passed ``cuda`` through, and torch's ``set_device`` refuses a device
+    without an index: every bound thread pool broke in its initializer on the GPU."""
+    with ThreadPoolExecutor(1, thread_name_prefix="bare", initializer=thread_binder("cuda", "serving")) as pool:
+        pool.submit(lambda: None).result()
+    assert fake_cuda.by_thread("bare") == [Selected("bare_0", torch.device("cuda:0"), STREAM_PRIORITY["serving"])]
 
 
 async def test_the_memory_store_thread_runs_on_the_score_gpu(fake_cuda: FakeCuda, tmp_path: Path) -> None:

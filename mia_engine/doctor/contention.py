@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..devices import bind_thread
+from ..devices import bind_device, bind_thread
 from .random_stack import grpo_samples, random_stack
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536,
@@ -117,10 +117,7 @@ def _binder(device: str, priority: str, use_streams: bool) -> Callable[[], None]
         return lambda: bind_thread(device, priority)  # type: ignore[arg-type]
 
     def device_only() -> None:
-        if device.startswith("cuda"):
-            import torch
-
-            torch.cuda.set_device(torch.device(device))
+        bind_device(device)
 
     return device_only
 
