@@ -1,7 +1,10 @@
 """API key files: reading one an operator wrote, and the admin key ``serve`` generates at first start.
 
 A key file must be a regular file of this user that no other user can read or write (mode 0600 or
-tighter), as ssh demands of a private key: a key another user can read is theirs too. The generated admin
+tighter), as ssh demands of a private key: a key another user can read is theirs too. As PostgreSQL allows
+for its TLS key, a file of root's that its group may read (0640 or tighter) is accepted too: that is how a
+Kubernetes secret is mounted for a non-root container (``defaultMode: 0440`` with ``fsGroup``), and only
+root or a member of the group the operator chose can read it. The generated admin
 key (``ADMIN_KEY_FILE``, under the data dir) is created so, never followed through a link, and reused on
 later starts. Part of the config layer for layering purposes: it imports only ``base.files``.
 """
@@ -29,15 +32,16 @@ class KeyFileError(ValueError):
 
 def read_key_file(field: str, path: Path, *, follow_links: bool = True) -> str:
     """The first line of ``path``, refused (``KeyFileError``) unless it is a regular file owned by this
-    user with no group/other permission bits. ``follow_links``: an operator's file may be a link (a
-    mounted secret); the generated admin key's may not."""
+    user with no group/other permission bits, or by root with at most group read. ``follow_links``: an
+    operator's file may be a link (a mounted secret); the generated admin key's may not, and must be
+    this user's."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as err:
         raise KeyFileError(f"{field}: cannot read {path}: {err.strerror}") from None
     try:
-        _check_private(field, path, os.fstat(fd))
+        _check_private(field, path, os.fstat(fd), root_group_read=follow_links)
         data = os.read(fd, MAX_KEY_FILE_BYTES)
     finally:
         os.close(fd)
@@ -48,15 +52,18 @@ def read_key_file(field: str, path: Path, *, follow_links: bool = True) -> str:
     return key
 
 
-def _check_private(field: str, path: Path, st: os.stat_result) -> None:
+def _check_private(field: str, path: Path, st: os.stat_result, *, root_group_read: bool) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise KeyFileError(f"{field}: {path} is not a regular file")
-    if st.st_uid != os.geteuid():
+    mode = stat.S_IMODE(st.st_mode)
+    roots = root_group_read and st.st_uid == 0
+    if st.st_uid != os.geteuid() and not roots:
         raise KeyFileError(f"{field}: {path} belongs to another user (uid {st.st_uid}), who can change it; "
-                           f"use a key file of your own")
-    if st.st_mode & 0o077:
-        raise KeyFileError(f"{field}: {path} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}); "
-                           f"run: chmod 600 {path}")
+                           f"use a key file of your own, or of root's with mode 0640 or tighter")
+    if mode & (0o037 if roots else 0o077):
+        fix = f"chmod 640 {path} (a Kubernetes secret: defaultMode 0440 with fsGroup)" if roots and os.geteuid() \
+            else f"chmod 600 {path}"
+        raise KeyFileError(f"{field}: {path} is open to other users (mode {mode:04o}); run: {fix}")
 
 
 def admin_key(path: Path, field: str = "server.admin_api_key") -> tuple[str, bool]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 from mia_engine import cli
-from mia_engine.base.keys import KeyFileError, admin_key
+from mia_engine.base.keys import KeyFileError, admin_key, read_key_file
 from mia_engine.cli import parse_config
 from mia_engine.config import ConfigError
 from tests.conftest import ServerHandle, start_server, stop_server, wait_ready
@@ -293,7 +295,8 @@ def test_key_files_open_to_other_users_are_refused(tmp_path: Path) -> None:
     argv = ["serve", "--config", "tiny", "--host", "0.0.0.0"]
     key_file = tmp_path / "key"
     key_file.write_text("api-key-from-a-file\n")
-    for mode in (0o644, 0o640, 0o604):
+    refused = (0o644, 0o604, 0o660) if os.geteuid() == 0 else (0o644, 0o640, 0o604)  # root's may be 0640
+    for mode in refused:
         key_file.chmod(mode)
         with pytest.raises(ConfigError, match=rf"server.api_key_file: .* run: chmod 600 {key_file}"):
             parse_config([*argv, "--api-key-file", str(key_file)], environ={})
@@ -306,6 +309,56 @@ def test_key_files_open_to_other_users_are_refused(tmp_path: Path) -> None:
     link = tmp_path / "mounted-secret"
     link.symlink_to(key_file)  # a mounted secret is often a link: its target is checked
     assert parse_config([*argv, "--api-key-file", str(link)], environ={})[1].server.api_key == "api-key-from-a-file"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file root's and reading it as another user needs root")
+def test_a_kubernetes_secret_mount_is_read_by_a_non_root_server() -> None:
+    """Kubernetes mounts a secret as root's files behind ``..data`` links, group-owned by the pod's
+    ``fsGroup`` with ``defaultMode``; the server runs as another uid in that group. ``defaultMode: 0440``
+    is accepted (only root and the group can read it), the default 0644 is still refused."""
+    uid, gid = 4242, 4343
+    mount = Path(tempfile.mkdtemp(prefix="mia-k8s-secret-"))
+    try:
+        mount.chmod(0o755)
+        version = mount / "..2026_11_27_09_00_00.000000001"
+        version.mkdir(mode=0o755)
+        (version / "api-key").write_text("a-key-from-a-kubernetes-secret\n")
+        (mount / "..data").symlink_to(version.name)
+        (mount / "api-key").symlink_to("..data/api-key")
+        os.chown(version / "api-key", 0, gid)
+
+        def read_as_the_pod(mode: int) -> str:
+            """``read_key_file`` in a forked child that dropped to the pod's uid and group (the
+            interpreter itself lives where that uid cannot exec it)."""
+            (version / "api-key").chmod(mode)
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: only these calls, then _exit
+                try:
+                    os.setgroups([gid]), os.setgid(gid), os.setuid(uid)
+                    try:
+                        said = read_key_file("server.api_key_file", mount / "api-key")
+                    except KeyFileError as err:
+                        said = str(err)
+                    os.write(write_end, said.encode())
+                finally:
+                    os._exit(0)
+            os.close(write_end)
+            with os.fdopen(read_end, "rb") as pipe:
+                said = pipe.read().decode()
+            os.waitpid(pid, 0)
+            return said
+
+        assert read_as_the_pod(0o440) == "a-key-from-a-kubernetes-secret"
+        assert read_as_the_pod(0o640) == "a-key-from-a-kubernetes-secret"
+        for mode in (0o644, 0o660, 0o444):  # others read it, or the group may change it
+            assert read_as_the_pod(mode).startswith(f"server.api_key_file: {mount / 'api-key'} is open to other users "
+                                                    f"(mode {mode:04o}); run: chmod 640 ")
+        assert "defaultMode 0440 with fsGroup" in read_as_the_pod(0o644)
+        os.chown(version / "api-key", 4444, gid)  # a third user's file stays refused
+        assert "belongs to another user (uid 4444)" in read_as_the_pod(0o440)
+    finally:
+        shutil.rmtree(mount)
 
 
 def test_short_keys_and_an_admin_key_equal_to_the_api_key_are_refused(tmp_path: Path) -> None:
