@@ -144,6 +144,10 @@ class ImageInputConfig(Frozen):
     remote_allowed_networks: list[str] = []
     """Networks (CIDR, e.g. ``10.1.0.0/16``) fetched although not public, for an image store on a private
     network; empty = public addresses only (never loopback, private, link-local or cloud metadata)."""
+    remote_ca_file: str = ""
+    """PEM file of the certificate authorities trusted for ``https://`` image URLs instead of the public ones
+    (certifi's, httpx's default): for an image store behind an internal CA, with ``remote_allowed_networks``.
+    The certificate is always checked for the URL's host name, whatever address the connection is pinned to."""
     fetch_timeout_s: float = 10.0
     """Deadline of one remote image fetch, from DNS to the last byte, in seconds (``allow_remote``): a server
     that trickles bytes cannot hold a request longer."""
@@ -563,6 +567,9 @@ def _check_server(server: ServerConfig) -> None:
                 _check_positive(f"server.{section}.{field}", value)
     for field in ("max_bytes", "max_pixels", "max_images_per_request", "fetch_timeout_s"):
         _check_positive(f"server.images.{field}", getattr(server.images, field))
+    ca_file = server.images.remote_ca_file
+    if ca_file and not Path(ca_file).expanduser().is_file():
+        raise ConfigError(f"server.images.remote_ca_file: {ca_file} is not a file")
     for cidr in server.images.remote_allowed_networks:
         try:
             ipaddress.ip_network(cidr, strict=False)

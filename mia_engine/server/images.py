@@ -26,7 +26,7 @@ from PIL import Image
 from ..config import ImageInputConfig
 from .errors import BadRequest
 from .openai_bodies import ChatMessage, ImagePart
-from .remote_fetch import FetchFailed, fetch_public, parse_networks
+from .remote_fetch import FetchFailed, fetch_public, parse_networks, trusted_cas
 
 MIME_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP",
                 "image/gif": "GIF", "image/bmp": "BMP"}
@@ -191,7 +191,8 @@ async def _fetch(url: str, config: ImageInputConfig, param: str) -> bytes:
     """The body of ``url`` through the SSRF guard; every failure is the same 400."""
     try:
         allowed = parse_networks(config.remote_allowed_networks)
-        return await fetch_public(url, config.max_bytes, config.fetch_timeout_s, allowed)
+        return await fetch_public(url, config.max_bytes, config.fetch_timeout_s, allowed,
+                                  trusted_cas(config.remote_ca_file))
     except FetchFailed as err:
         raise BadRequest(str(err), param=param, code="image_fetch_failed") from None
 

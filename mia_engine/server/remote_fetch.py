@@ -15,7 +15,10 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import ssl
 from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
 
 import httpx
 
@@ -67,12 +70,24 @@ def parse_networks(cidrs: Sequence[str]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
 
 
-async def fetch_public(url: str, max_bytes: int, timeout_s: float, allowed: Sequence[Network] = ()) -> bytes:
+def trusted_cas(ca_file: str) -> ssl.SSLContext | bool:
+    """What ``fetch_public`` verifies server certificates against: the CAs in ``ca_file`` (one context per
+    file, built once: loading a bundle takes milliseconds), or True for httpx's default public CAs."""
+    return _context(str(Path(ca_file).expanduser())) if ca_file else True
+
+
+@lru_cache(maxsize=4)
+def _context(ca_file: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=ca_file)
+
+
+async def fetch_public(url: str, max_bytes: int, timeout_s: float, allowed: Sequence[Network] = (),
+                       verify: ssl.SSLContext | bool = True) -> bytes:
     """The body of ``url`` (HTTP 200 only, at most ``max_bytes``) from a checked, pinned public address, all
-    within ``timeout_s``; any failure raises ``FetchFailed``."""
+    within ``timeout_s``; any failure raises ``FetchFailed``. ``verify``: ``trusted_cas``."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await _fetch(httpx.URL(url), max_bytes, timeout_s, allowed)
+            return await _fetch(httpx.URL(url), max_bytes, timeout_s, allowed, verify)
     except FetchFailed as err:
         log.info("image fetch refused: %s", err)
     except TimeoutError:
@@ -82,7 +97,8 @@ async def fetch_public(url: str, max_bytes: int, timeout_s: float, allowed: Sequ
     raise FetchFailed("The image could not be fetched.")
 
 
-async def _fetch(url: httpx.URL, max_bytes: int, timeout_s: float, allowed: Sequence[Network]) -> bytes:
+async def _fetch(url: httpx.URL, max_bytes: int, timeout_s: float, allowed: Sequence[Network],
+                 verify: ssl.SSLContext | bool) -> bytes:
     host = url.raw_host.decode("ascii")  # IDNA-encoded
     if url.scheme not in ("http", "https") or not host:
         raise FetchFailed("not an http(s) URL with a host")
@@ -91,7 +107,7 @@ async def _fetch(url: httpx.URL, max_bytes: int, timeout_s: float, allowed: Sequ
     pinned = url.copy_with(host=str(address))
     extensions = {"sni_hostname": host} if url.scheme == "https" else {}  # the certificate is checked for it
     headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}  # raw bytes: no gzip bomb
-    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, trust_env=False, verify=verify) as client:
         request = client.build_request("GET", pinned, headers=headers, extensions=extensions)
         response = await client.send(request, stream=True)
         try:

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import shutil
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 from PIL import Image
 
 from mia_engine.config import ImageInputConfig
@@ -203,9 +205,10 @@ def test_allowed_networks_open_an_internal_range_and_nothing_else() -> None:
 
 class ImageHost:
     """A real HTTP server on 127.0.0.1 (a thread): ``/cat.png``, ``/slow.png`` (a byte every 0.1 s),
-    ``/redirect`` (302 to ``/cat.png``), anything else 404; remembers each request's Host header."""
+    ``/redirect`` (302 to ``/cat.png``), anything else 404; remembers each request's Host header. With
+    ``tls`` (a certificate and its key), HTTPS, remembering the name each client sent in SNI."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: trustme.LeafCert | None = None) -> None:
         import http.server
 
         host = self
@@ -243,8 +246,14 @@ class ImageHost:
                 pass
 
         self.hosts: list[str] = []
+        self.server_names: list[str | None] = []
         self.closing = threading.Event()
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.configure_cert(context)
+            context.sni_callback = lambda _sock, name, _context: self.server_names.append(name)  # type: ignore[func-returns-value]
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -303,9 +312,43 @@ async def test_every_fetch_failure_reads_the_same(image_host: ImageHost) -> None
     assert errors == {("The image could not be fetched.", "image_fetch_failed", "messages[1].content[1].image_url")}
 
 
+async def test_https_is_pinned_to_the_checked_address_and_the_certificate_checked_for_the_name(
+        tmp_path: Path) -> None:
+    """A real TLS server on 127.0.0.1 with a certificate for ``localhost`` from a test CA: the fetch connects to
+    the address it checked, and sends the name in SNI and Host, so the certificate is verified for the name
+    (not for the address the connection was pinned to)."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    config = ImageInputConfig(allow_remote=True, fetch_timeout_s=2.0, remote_allowed_networks=["127.0.0.0/8"],
+                              remote_ca_file=str(ca_file))
+    host = ImageHost(tls=ca.issue_cert("localhost"))
+    try:
+        (item,) = await load_images(question(f"https://localhost:{host.port}/cat.png"), config)
+        assert item.image.size == (40, 30)
+        assert (host.server_names, host.hosts) == (["localhost"], [f"localhost:{host.port}"])
+        # the same server, no name to check its certificate for, or the public CAs only: refused
+        for url, refusing in ((f"https://127.0.0.1:{host.port}/cat.png", config),
+                              (f"https://localhost:{host.port}/cat.png", ImageInputConfig(
+                                  allow_remote=True, fetch_timeout_s=2.0, remote_allowed_networks=["127.0.0.0/8"]))):
+            error = await refused(question(url), refusing)
+            assert (error.message, error.code) == ("The image could not be fetched.", "image_fetch_failed"), url
+        assert host.hosts == [f"localhost:{host.port}"]  # no request was sent over an unverified connection
+    finally:
+        host.close()
+    other = ImageHost(tls=ca.issue_cert("images.example.com"))  # a valid certificate, for another name
+    try:
+        error = await refused(question(f"https://localhost:{other.port}/cat.png"), config)
+        assert error.code == "image_fetch_failed" and other.server_names == ["localhost"] and other.hosts == []
+    finally:
+        other.close()
+
+
 def test_a_bad_allowed_network_is_a_config_error_naming_the_field() -> None:
     from mia_engine.config import ConfigError, load_config
 
     assert load_config("tiny", {"server.images.remote_allowed_networks": ["10.0.0.0/8"]})
     with pytest.raises(ConfigError, match="server.images.remote_allowed_networks: 'intranet' is not a network"):
         load_config("tiny", {"server.images.remote_allowed_networks": ["intranet"]})
+    with pytest.raises(ConfigError, match="server.images.remote_ca_file: /nonexistent/ca.pem is not a file"):
+        load_config("tiny", {"server.images.remote_ca_file": "/nonexistent/ca.pem"})
