@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -128,13 +128,16 @@ def atomic_dir(target: Path, *, tmp: Path | None = None, durable: bool = False,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_file_atomic(path: Path, data: bytes, *, tmp: Path | None = None, mode: int = 0o666) -> None:
-    """Replace the file ``path`` with ``data`` durably: write ``tmp`` (default ``<path>.tmp``, created with
-    ``mode``), fsync it, rename it over ``path``, fsync the folder. A crash leaves the old file or the new
-    one; a leftover ``tmp`` is the caller's to clean at its next start."""
+def write_file_atomic(path: Path, data: bytes | Iterable[bytes], *, tmp: Path | None = None,
+                      mode: int = 0o666) -> None:
+    """Replace the file ``path`` with ``data`` (bytes, or chunks written as they come) durably: write
+    ``tmp`` (default ``<path>.tmp``, created with ``mode``), fsync it, rename it over ``path``, fsync the
+    folder. A crash leaves the old file or the new one; a leftover ``tmp`` is the caller's to clean at its
+    next start."""
     tmp = tmp or path.with_name(path.name + ".tmp")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as file:
-        file.write(data)
+        for chunk in (data,) if isinstance(data, bytes | bytearray) else data:
+            file.write(chunk)
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, path)

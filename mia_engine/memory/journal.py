@@ -12,9 +12,12 @@ On disk, under the data dir:
   time ns>-at-<offset>`` (never deleted) and logged with its offset and size; the store then
   compacts, so the next start is clean. Damage with no valid frame after it (a torn tail: a crash
   mid write) is copied aside the same way and cut.
-- ``memory.snapshot``: one frame holding the whole state and the ``seq`` of the last change it
-  includes; written to a temp file, fsynced and renamed over the old one, then the journal is
-  emptied. Changes with ``seq`` at or below the snapshot's are skipped on replay, so a crash
+- ``memory.snapshot``: frames of the same kind: a head (``SnapshotHead``: the ``seq`` of the last
+  change it includes and how many records follow), then the records in parts of at most
+  ``SNAPSHOT_PART_RECORDS`` (``SnapshotPart``), so no frame nears the u32 length however large the
+  store grows and the file is written a part at a time; written to a temp file, fsynced and renamed
+  over the old one, then the journal is emptied. A snapshot of the first format (one frame holding
+  the whole state) is still read. Changes with ``seq`` at or below the snapshot's are skipped on replay, so a crash
   between the rename and the truncation replays nothing twice.
 
 Files are created 0600 and the folder 0700 (memories can hold anything a user asked); every rename
@@ -29,8 +32,9 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import msgspec
 
@@ -43,7 +47,11 @@ logger = logging.getLogger(__name__)
 JOURNAL_NAME = "memory.journal"
 SNAPSHOT_NAME = "memory.snapshot"
 _HEADER = struct.Struct("<II")  # payload length, crc32
-_SNAPSHOT_FORMAT = 1
+_SNAPSHOT_FORMAT = 2
+"""1: one frame holding a ``Snapshot`` (read, no longer written); 2: a ``SnapshotHead`` frame, then parts."""
+SNAPSHOT_PART_RECORDS = 4096
+"""Memories (or Meta Plan pairs) per snapshot part: with text fields capped (``memory.text_limits``), a
+part stays tens of MB at most, far under a frame's 4 GiB."""
 _FILE_MODE = 0o600
 CORRUPT_SUFFIX = ".corrupt-"
 MAX_FRAME_BYTES = 2**32 - 1
@@ -91,6 +99,28 @@ class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     meta_plans: list[MetaPlanPair]
     last_clear_at: float | None = None
     format: int = _SNAPSHOT_FORMAT
+
+
+class SnapshotHead(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The first frame of a format-2 snapshot: the store's scalars and how many records its parts hold."""
+
+    format: int
+    seq: int
+    dim: int
+    num_entries: int
+    num_meta_plans: int
+    last_clear_at: float | None = None
+
+
+class SnapshotPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One frame of records after the head."""
+
+    entries: list[MemoryEntry] = []
+    meta_plans: list[MetaPlanPair] = []
+
+
+class _FormatOnly(msgspec.Struct):
+    format: int = 1
 
 
 class Recovered(msgspec.Struct, frozen=True):
@@ -179,10 +209,19 @@ class Journal:
         """Atomically replace the snapshot, then empty the journal it makes redundant."""
         # fsynced whatever memory.durability.fsync says: the journal is truncated next, the snapshot must
         # be on disk first (its temp file, <name>.tmp, is removed by the next open if a crash left it)
-        write_file_atomic(self._data_dir / SNAPSHOT_NAME, _frame(self._encoder.encode(snapshot)), mode=_FILE_MODE)
+        write_file_atomic(self._data_dir / SNAPSHOT_NAME, self._snapshot_frames(snapshot), mode=_FILE_MODE)
         os.ftruncate(self._fd, 0)
         os.fsync(self._fd)
         self._size = 0
+
+    def _snapshot_frames(self, snapshot: Snapshot) -> Iterator[bytes]:
+        encode, step = self._encoder.encode, SNAPSHOT_PART_RECORDS
+        yield _frame(encode(SnapshotHead(_SNAPSHOT_FORMAT, snapshot.seq, snapshot.dim, len(snapshot.entries),
+                                         len(snapshot.meta_plans), snapshot.last_clear_at)))
+        for start in range(0, len(snapshot.entries), step):
+            yield _frame(encode(SnapshotPart(entries=snapshot.entries[start : start + step])))
+        for start in range(0, len(snapshot.meta_plans), step):
+            yield _frame(encode(SnapshotPart(meta_plans=snapshot.meta_plans[start : start + step])))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -280,19 +319,48 @@ def _set_aside(path: Path, offset: int, size: int, what: str, num_kept: int) -> 
 
 
 def _read_snapshot(path: Path) -> Snapshot | None:
+    """The snapshot at ``path`` (None: there is none), in either format; ``CorruptSnapshot`` on any damage."""
     if not path.exists():
         return None
-    data = path.read_bytes()
-    payload = _payload_at(data, 0)
-    if payload is None or _HEADER.size + len(payload) != len(data):
-        raise CorruptSnapshot(f"memory snapshot {path} fails its length/CRC check")
-    try:
-        snapshot = msgspec.msgpack.decode(payload, type=Snapshot)
-    except msgspec.DecodeError as err:
-        raise CorruptSnapshot(f"memory snapshot {path} cannot be decoded: {err}") from None
-    if snapshot.format != _SNAPSHOT_FORMAT:
-        raise CorruptSnapshot(f"memory snapshot {path} has format {snapshot.format}, expected {_SNAPSHOT_FORMAT}")
-    return snapshot
+    with open(path, "rb") as file:
+        frames = _snapshot_payloads(file, path)
+        first = next(frames, None)
+        if first is None:
+            raise CorruptSnapshot(f"memory snapshot {path} is empty")
+        try:
+            form = msgspec.msgpack.decode(first, type=_FormatOnly).format
+            if form == 1:
+                if next(frames, None) is not None:
+                    raise CorruptSnapshot(f"memory snapshot {path} has data after its one frame")
+                return msgspec.msgpack.decode(first, type=Snapshot)
+            if form != _SNAPSHOT_FORMAT:
+                raise CorruptSnapshot(f"memory snapshot {path} has format {form}, expected {_SNAPSHOT_FORMAT}")
+            head = msgspec.msgpack.decode(first, type=SnapshotHead)
+            decoder = msgspec.msgpack.Decoder(SnapshotPart)
+            entries: list[MemoryEntry] = []
+            meta_plans: list[MetaPlanPair] = []
+            for payload in frames:
+                part = decoder.decode(payload)
+                entries += part.entries
+                meta_plans += part.meta_plans
+        except msgspec.DecodeError as err:
+            raise CorruptSnapshot(f"memory snapshot {path} cannot be decoded: {err}") from None
+    if (len(entries), len(meta_plans)) != (head.num_entries, head.num_meta_plans):
+        raise CorruptSnapshot(f"memory snapshot {path} holds {len(entries)} memories and {len(meta_plans)} Meta "
+                              f"Plan pairs; its head says {head.num_entries} and {head.num_meta_plans}")
+    return Snapshot(head.seq, head.dim, entries, meta_plans, head.last_clear_at)
+
+
+def _snapshot_payloads(file: BinaryIO, path: Path) -> Iterator[bytes]:
+    """Each frame's payload in turn, read as it comes (a snapshot can be larger than memory twice over)."""
+    while header := file.read(_HEADER.size):
+        if len(header) < _HEADER.size:
+            raise CorruptSnapshot(f"memory snapshot {path} ends inside a frame header")
+        length, crc = _HEADER.unpack(header)
+        payload = file.read(length)
+        if len(payload) != length or zlib.crc32(payload, zlib.crc32(header[:4])) != crc:
+            raise CorruptSnapshot(f"memory snapshot {path} fails its length/CRC check")
+        yield payload
 
 
 def _lock(fd: int, path: Path) -> None:

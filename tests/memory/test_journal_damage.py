@@ -17,7 +17,7 @@ from mia_engine.memory.config import DurabilityConfig, MemoryConfig, TextLimits
 from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME, SNAPSHOT_NAME, Change
 from mia_engine.memory.validation import TextTooLong
 
-from .factories import FakeClock, make_entry, memory_config, open_store, unit
+from .factories import FakeClock, make_entry, memory_config, open_store, state_of, unit
 
 JOURNAL_LOGGER = "mia_engine.memory.journal"
 _HEADER = struct.Struct("<II")
@@ -191,3 +191,51 @@ def test_text_fields_over_their_cap_are_refused_naming_the_field(tmp_path: Path)
     reopened = open_store(tmp_path, lowered)  # limits apply to writes, never to what is stored
     assert len(reopened) == 1
     reopened.close()
+
+
+def test_a_snapshot_larger_than_one_frame_can_say_is_written_in_parts(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame's length is a u32: one frame holding the whole store failed past 4 GiB (and kept the whole
+    encoded store in memory twice). Scaled down: frames capped at 16 KiB, a store of over 6x that, 8 records a
+    part."""
+    monkeypatch.setattr(journal_module, "MAX_FRAME_BYTES", 16 << 10)
+    monkeypatch.setattr(journal_module, "SNAPSHOT_PART_RECORDS", 8)
+    config = MemoryConfig(durability=DurabilityConfig(snapshot_interval=10_000))
+    store = open_store(tmp_path, config)
+    rng = np.random.default_rng(5)
+    for i in range(60):
+        store.add(make_entry(unit(rng), question=f"q{i} " + "x" * 1500))
+    before = state_of(store)
+    store.compact()
+    store.close()
+    data = (tmp_path / SNAPSHOT_NAME).read_bytes()
+    assert len(data) > 6 * (16 << 10) and len(_frame_offsets(data)) == 1 + 8  # the head, then 8 parts
+    reopened = open_store(tmp_path, config)
+    assert state_of(reopened) == before
+    reopened.close()
+
+
+def test_a_snapshot_of_the_first_format_still_opens_and_a_missing_part_refuses_to_start(tmp_path: Path,
+                                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_module, "SNAPSHOT_PART_RECORDS", 4)
+    store = open_store(tmp_path)
+    rng = np.random.default_rng(6)
+    for i in range(10):
+        store.add(make_entry(unit(rng), question=f"q{i}"))
+    store.compact()
+    before = state_of(store)
+    store.close()
+    path = tmp_path / SNAPSHOT_NAME
+    snapshot = journal_module._read_snapshot(path)
+    assert snapshot is not None
+    path.write_bytes(journal_module._frame(msgspec.msgpack.encode(msgspec.structs.replace(snapshot, format=1))))
+    reopened = open_store(tmp_path)
+    assert state_of(reopened) == before
+    reopened.compact()  # rewritten in the current format
+    reopened.close()
+    data = path.read_bytes()
+    offsets = _frame_offsets(data)
+    assert len(offsets) == 1 + 3
+    path.write_bytes(data[: offsets[2]] + data[offsets[3]:])  # a part dropped (not a torn write: renames are atomic)
+    with pytest.raises(journal_module.CorruptSnapshot, match="holds 6 memories and 0 Meta Plan pairs; its head says 10"):
+        open_store(tmp_path)
