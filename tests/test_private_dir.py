@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mia_engine.base.files import UnsafeFolder, private_dir
+from mia_engine.base.files import UnsafeFolder, atomic_dir, private_dir
 from mia_engine.base.keys import KeyFileError, admin_key
 
 OTHER_UID = 54321
@@ -125,3 +125,16 @@ def test_serve_refuses_a_data_dir_others_can_write_in_one_line(tmp_path: Path, a
     assert done.stderr.strip().splitlines()[-1] == (f"python -m mia_engine: error: data_dir: {data} is open to other "
                                                     f"users (mode 0777); run: chmod 700 {data}")
     assert list(data.iterdir()) == []
+
+
+def test_a_folder_built_whole_gets_a_private_parent(tmp_path: Path) -> None:
+    """The passage and image indexes are built under ``<data_dir>/tools`` by ``atomic_dir``, which made that
+    parent with the umask's bits (0755)."""
+    old_umask = os.umask(0o022)
+    try:
+        with atomic_dir(tmp_path / "data" / "tools" / "index") as tmp:
+            (tmp / "part").write_text("x")
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "data" / "tools").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "data" / "tools" / "index").stat().st_mode) == 0o700

@@ -105,8 +105,9 @@ def atomic_dir(target: Path, *, tmp: Path | None = None, durable: bool = False,
 
     The rename never replaces a non-empty folder: it raises ``OSError``, unless ``keep_existing`` and
     ``target`` is now a folder (a concurrent writer finished first), whose copy is then kept. ``durable``:
-    the files are fsynced before the rename and the parent folder after it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    the files are fsynced before the rename and the parent folder after it. A missing parent is made 0700
+    (the temporary folder is 0700 too), like every folder ``private_dir`` makes."""
+    target.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     if tmp is None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     else:
