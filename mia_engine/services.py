@@ -84,9 +84,10 @@ class Services:
             cpu.keep_off_model_cores()
         await self._start_learner()
         await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
-        from vllm.utils.gc_utils import freeze_gc_heap
+        from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback
 
         freeze_gc_heap()  # as vllm serve does once up: full collections then skip the models' and libraries' objects
+        maybe_attach_gc_debug_callback()  # VLLM_GC_DEBUG logs each collection here too, as in vLLM's engine core
 
     def start_failure(self) -> str | None:
         """After ``start``: the first component that did not start and why, in one line (None: all up)."""

@@ -311,6 +311,7 @@ def sampling_params(options: SamplingOptions, defaults: SamplingDefaults, stream
         stop=options.stop or None,
         seed=options.seed,
         logprobs=options.logprobs,
+        flat_logprobs=True,  # vLLM keeps them as a few flat lists, not a dict and Logprob objects per token
         structured_outputs=structured,
         skip_special_tokens=options.skip_special_tokens,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
@@ -356,10 +357,15 @@ async def to_deltas_in_slices(output: RequestOutput, num_logprobs: int) -> list[
 
 def _logprobs(completion: CompletionOutput, num_top: int, start: int = 0, stop: int | None = None
               ) -> list[TokenLogprob]:
+    """Positions ``start:stop`` of the completion's log-probs, read straight from vLLM's ``FlatLogprobs``
+    (``flat_logprobs``): at each position the sampled token comes first, then the top candidates by rank."""
+    flat = completion.logprobs
+    if not flat:
+        return []
+    starts, ends, tokens, values = flat.start_indices, flat.end_indices, flat.decoded_tokens, flat.logprobs
     result = []
-    for token_id, candidates in zip(completion.token_ids[start:stop], (completion.logprobs or [])[start:stop]):
-        chosen = candidates[token_id]
-        ranked = sorted(candidates.values(), key=lambda lp: lp.rank if lp.rank is not None else 0)
-        top = [TopLogprob(lp.decoded_token or "", lp.logprob) for lp in ranked[:num_top]]
-        result.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob, top))
+    for position in range(start, len(starts) if stop is None else min(stop, len(starts))):
+        first, end = starts[position], ends[position]
+        top = [TopLogprob(tokens[i] or "", values[i]) for i in range(first + 1, min(end, first + 1 + num_top))]
+        result.append(TokenLogprob(tokens[first] or "", values[first], top))
     return result

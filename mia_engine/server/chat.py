@@ -396,8 +396,8 @@ def splice_choices(completion: Any, encoded: list[bytes]) -> bytes:
 
 def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:
     content = [
-        TokenLogprobOut(lp.token, lp.logprob, list(lp.token.encode()),
-                        [TopLogprobOut(t.token, t.logprob, list(t.token.encode())) for t in lp.top])
+        TokenLogprobOut(lp.token, lp.logprob, tuple(lp.token.encode()),
+                        [TopLogprobOut(t.token, t.logprob, tuple(t.token.encode())) for t in lp.top])
         for lp in logprobs or []
     ]
     return ChoiceLogprobs(content)

@@ -158,16 +158,20 @@ class ChatCompletionRequest(msgspec.Struct):
     """The question's key in the image-search cache (``tools.image_cache_dir``)."""
 
 
-class TopLogprobOut(msgspec.Struct):
+class TopLogprobOut(msgspec.Struct, gc=False):
+    """(Untracked by the garbage collector, as the engine client's ``TopLogprob``, and ``bytes`` a tuple, which
+    the collector untracks once it holds only ints: a response can hold a million of these, and a full
+    collection walks every tracked object with the event loop waiting.)"""
+
     token: str
     logprob: float
-    bytes: list[int] | None
+    bytes: tuple[int, ...] | None
 
 
-class TokenLogprobOut(msgspec.Struct):
+class TokenLogprobOut(msgspec.Struct, gc=False):
     token: str
     logprob: float
-    bytes: list[int] | None
+    bytes: tuple[int, ...] | None
     top_logprobs: list[TopLogprobOut]
 
 
