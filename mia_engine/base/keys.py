@@ -61,8 +61,8 @@ def _check_private(field: str, path: Path, st: os.stat_result, *, root_group_rea
         raise KeyFileError(f"{field}: {path} belongs to another user (uid {st.st_uid}), who can change it; "
                            f"use a key file of your own, or of root's with mode 0640 or tighter")
     if mode & (0o037 if roots else 0o077):
-        fix = f"chmod 640 {path} (a Kubernetes secret: defaultMode 0440 with fsGroup)" if roots and os.geteuid() \
-            else f"chmod 600 {path}"
+        fix = f"chmod 640 {path} (a Kubernetes secret: defaultMode 0440 with fsGroup)" \
+            if roots and os.geteuid() != 0 else f"chmod 600 {path}"
         raise KeyFileError(f"{field}: {path} is open to other users (mode {mode:04o}); run: {fix}")
 
 

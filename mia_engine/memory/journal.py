@@ -17,8 +17,8 @@ On disk, under the data dir:
   ``SNAPSHOT_PART_RECORDS`` (``SnapshotPart``), so no frame nears the u32 length however large the
   store grows and the file is written a part at a time; written to a temp file, fsynced and renamed
   over the old one, then the journal is emptied. A snapshot of the first format (one frame holding
-  the whole state) is still read. Changes with ``seq`` at or below the snapshot's are skipped on replay, so a crash
-  between the rename and the truncation replays nothing twice.
+  the whole state) is still read. Changes with ``seq`` at or below the snapshot's are skipped on
+  replay, so a crash between the rename and the truncation replays nothing twice.
 
 Files are created 0600 and the folder 0700 (memories can hold anything a user asked); every rename
 and creation is followed by an fsync of the folder.
@@ -233,8 +233,12 @@ def _frame(payload: bytes) -> bytes:
     if len(payload) > MAX_FRAME_BYTES:
         raise RecordTooLarge(f"a journal or snapshot frame holds at most {MAX_FRAME_BYTES} bytes, this one "
                              f"would take {len(payload)}")
-    length = struct.pack("<I", len(payload))
-    return _HEADER.pack(len(payload), zlib.crc32(payload, zlib.crc32(length))) + payload
+    return _HEADER.pack(len(payload), _crc(struct.pack("<I", len(payload)), payload)) + payload
+
+
+def _crc(length_field: bytes, payload: bytes) -> int:
+    """A frame's CRC: crc32 over its 4-byte length field, then its payload."""
+    return zlib.crc32(payload, zlib.crc32(length_field))
 
 
 def _payload_at(data: bytes, offset: int) -> bytes | None:
@@ -248,7 +252,7 @@ def _payload_at(data: bytes, offset: int) -> bytes | None:
     if length > len(data) - start:
         return None
     payload = data[start : start + length]
-    return payload if zlib.crc32(payload, zlib.crc32(data[offset : offset + 4])) == crc else None
+    return payload if _crc(data[offset : offset + 4], payload) == crc else None
 
 
 def _change_at(data: bytes, offset: int, decoder: msgspec.msgpack.Decoder[Change]) -> tuple[Change, int] | None:
@@ -358,7 +362,7 @@ def _snapshot_payloads(file: BinaryIO, path: Path) -> Iterator[bytes]:
             raise CorruptSnapshot(f"memory snapshot {path} ends inside a frame header")
         length, crc = _HEADER.unpack(header)
         payload = file.read(length)
-        if len(payload) != length or zlib.crc32(payload, zlib.crc32(header[:4])) != crc:
+        if len(payload) != length or _crc(header[:4], payload) != crc:
             raise CorruptSnapshot(f"memory snapshot {path} fails its length/CRC check")
         yield payload
 

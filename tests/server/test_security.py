@@ -317,7 +317,7 @@ def test_a_kubernetes_secret_mount_is_read_by_a_non_root_server() -> None:
     ``fsGroup`` with ``defaultMode``; the server runs as another uid in that group. ``defaultMode: 0440``
     is accepted (only root and the group can read it), the default 0644 is still refused."""
     uid, gid = 4242, 4343
-    mount = Path(tempfile.mkdtemp(prefix="mia-k8s-secret-"))
+    mount = Path(tempfile.mkdtemp(prefix="mia-k8s-secret-"))  # not tmp_path: its parents are closed to the pod's uid
     try:
         mount.chmod(0o755)
         version = mount / "..2026_11_27_09_00_00.000000001"
