@@ -128,13 +128,13 @@ def test_serve_refuses_a_data_dir_others_can_write_in_one_line(tmp_path: Path, a
 
 
 def test_a_folder_built_whole_gets_a_private_parent(tmp_path: Path) -> None:
-    """The passage and image indexes are built under ``<data_dir>/tools`` by ``atomic_dir``, which made that
-    parent with the umask's bits (0755)."""
+    """The passage and image indexes are built under ``<data_dir>/tools/...`` by ``atomic_dir``, which made
+    the missing parents with the umask's bits (0755); ``mkdir``'s ``mode`` reaches only the last one."""
     old_umask = os.umask(0o022)
     try:
-        with atomic_dir(tmp_path / "data" / "tools" / "index") as tmp:
+        with atomic_dir(tmp_path / "data" / "tools" / "index" / "wiki-offline") as tmp:
             (tmp / "part").write_text("x")
     finally:
         os.umask(old_umask)
-    assert stat.S_IMODE((tmp_path / "data" / "tools").stat().st_mode) == 0o700
-    assert stat.S_IMODE((tmp_path / "data" / "tools" / "index").stat().st_mode) == 0o700
+    for folder in ("data", "data/tools", "data/tools/index", "data/tools/index/wiki-offline"):  # every level
+        assert stat.S_IMODE((tmp_path / folder).stat().st_mode) == 0o700, folder

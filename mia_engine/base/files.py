@@ -43,6 +43,19 @@ def private_dir(path: Path, field: str, *, exact: bool = False) -> Path:
     user made it (a data dir linked to a bigger disk), and its target is checked. Existing parents are not
     checked: each folder the server writes is checked by its own call, the data dir first."""
     path = Path(path)
+    made = False
+    for folder in _make_missing(path):
+        _check_private_dir(folder, field, exact=exact)
+        made = True
+    if not made:
+        _check_private_dir(path, field, exact=exact)
+    return path
+
+
+def _make_missing(path: Path) -> Iterator[Path]:
+    """Make ``path``'s missing folders, outermost first, each by ``os.mkdir`` with mode 0700 (``mkdir``'s
+    ``parents`` gives the mode to the last one only); yields each one once its ``mkdir`` is done (or found
+    it made meanwhile by someone else, for the caller to check)."""
     missing, folder = [], path
     while not os.path.lexists(folder) and folder != folder.parent:  # a dangling link counts as present
         missing.append(folder)
@@ -51,11 +64,8 @@ def private_dir(path: Path, field: str, *, exact: bool = False) -> Path:
         try:
             os.mkdir(folder, PRIVATE_DIR_MODE)
         except FileExistsError:
-            pass  # made meanwhile by someone: checked below like any existing folder
-        _check_private_dir(folder, field, exact=exact)
-    if not missing:
-        _check_private_dir(path, field, exact=exact)
-    return path
+            pass
+        yield folder
 
 
 def _check_private_dir(path: Path, field: str, *, exact: bool) -> None:
@@ -105,9 +115,9 @@ def atomic_dir(target: Path, *, tmp: Path | None = None, durable: bool = False,
 
     The rename never replaces a non-empty folder: it raises ``OSError``, unless ``keep_existing`` and
     ``target`` is now a folder (a concurrent writer finished first), whose copy is then kept. ``durable``:
-    the files are fsynced before the rename and the parent folder after it. A missing parent is made 0700
-    (the temporary folder is 0700 too), like every folder ``private_dir`` makes."""
-    target.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    the files are fsynced before the rename and the parent folder after it. Missing parents are made 0700
+    (the temporary folder is 0700 too), as ``private_dir`` makes them."""
+    list(_make_missing(target.parent))
     if tmp is None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     else:
