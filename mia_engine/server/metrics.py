@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
+import gc
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
                                ProcessCollector, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+                                   SummaryMetricFamily)
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -17,6 +21,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LOOP_LAG_INTERVAL_S = 0.01
 """How often, in seconds, the event-loop lag probe wakes (10 ms: fine enough to see a 50 ms stall)."""
+GC_PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 MAX_LAG_BACKFILL = 6000
 """Most missed probe ticks recorded for one stall (a minute at ``LOOP_LAG_INTERVAL_S``)."""
 
@@ -67,6 +72,8 @@ class Metrics:
         self.loop_lag = Histogram("mia_event_loop_lag_seconds", "How late the event loop woke a 10 ms timer: "
                                   "time that requests waited behind blocking work, one sample per tick (ticks a "
                                   "stall swallowed included)", buckets=LOOP_LAG_BUCKETS, registry=self.registry)
+        self.gc_pauses = GcPauses()
+        self.registry.register(self.gc_pauses)
         self._admission_collector: AdmissionCollector | None = None
 
     def stage_started(self, stage: str) -> None:
@@ -105,8 +112,13 @@ class Metrics:
         self.registry.register(EngineSeriesCollector(engines))
 
     async def watch_loop_lag(self) -> None:
-        """Sample the running loop's lag into ``loop_lag`` until cancelled (the app's lifespan runs it)."""
-        await probe_loop_lag(self.loop_lag.observe, LOOP_LAG_INTERVAL_S)
+        """Sample the running loop's lag into ``loop_lag``, and time this process's garbage collections into
+        ``gc_pauses``, until cancelled (the app's lifespan runs it)."""
+        gc.callbacks.append(self.gc_pauses.on_gc)
+        try:
+            await probe_loop_lag(self.loop_lag.observe, LOOP_LAG_INTERVAL_S)
+        finally:
+            gc.callbacks.remove(self.gc_pauses.on_gc)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -124,6 +136,39 @@ async def probe_loop_lag(observe: Callable[[float], None], interval_s: float) ->
         observe(lag)
         for missed in range(1, min(int(lag / interval_s), MAX_LAG_BACKFILL) + 1):
             observe(lag - missed * interval_s)
+
+
+class GcPauses:
+    """``mia_gc_pause_seconds``: how long each garbage collection of this process took, by generation. A
+    collection holds the interpreter, so the event loop and every thread wait it out: the lag probe shows the
+    stall, this says whether a collection caused it. Counted in plain lists by a ``gc.callbacks`` hook (a
+    Prometheus metric's lock is no place for code that runs inside any allocation) and read at scrape time."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._counts = [[0] * (len(GC_PAUSE_BUCKETS) + 1) for _ in range(3)]
+        self._sums = [0.0, 0.0, 0.0]
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        seconds = time.perf_counter() - self._started
+        generation = info["generation"]
+        self._counts[generation][bisect.bisect_left(GC_PAUSE_BUCKETS, seconds)] += 1
+        self._sums[generation] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily("mia_gc_pause_seconds", "Garbage-collection pauses of the serving process "
+                                       "by generation (every thread, the event loop's included, waits them out)",
+                                       labels=["generation"])
+        for generation, counts in enumerate(self._counts):
+            cumulative, buckets = 0, []
+            for bound, count in zip((*GC_PAUSE_BUCKETS, float("inf")), list(counts)):
+                cumulative += count
+                buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
+            family.add_metric([str(generation)], buckets, self._sums[generation])
+        yield family
 
 
 class AdmissionCollector:
