@@ -2,7 +2,9 @@
 (``mia_event_loop_lag_seconds`` on ``/metrics``, a 10 ms timer) has p99 <= 50 ms.
 
 Each case is scaled down from the worst request the limits allow, to run in seconds on 2 cores, yet stays
-large enough that the work done on the loop shows as hundreds of milliseconds of lag. Lag also comes from
+large enough that the work done on the loop shows as hundreds of milliseconds of lag, and long enough
+that one stall of the machine's own (on CI, 100-250 ms now and then) stays under 1 % of the samples.
+A failure names the garbage collections of its window (``mia_gc_pause_seconds``). Lag also comes from
 full garbage collections, which walk every tracked object outside the heap frozen at start-up: the
 log-prob cases failed on the suite's shared server until vLLM kept log-probs flat (``flat_logprobs``)
 instead of a dict and objects per token, alive for the whole request."""
@@ -11,13 +13,23 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import pytest
 
+T = TypeVar("T")
+
 LAG = "mia_event_loop_lag_seconds"
 MAX_P99_S = 0.05
 GC = "mia_gc_pause_seconds"
+LONG = 3072
+"""Tokens of each log-prob request: long enough (over ten seconds, a thousand probe samples here) that
+one stall of the machine's own (another process scheduled on the loop's core) stays under 1 % of the
+samples, while building the log-probs on the loop would stall it for a second."""
+REPEATS = 16
+"""Imports and long chats sent back to back in one window (a few seconds here, for the same reason)."""
 
 
 def _scrape(server) -> str:
@@ -45,8 +57,8 @@ def _gc_pauses(text: str) -> dict[str, tuple[float, float]]:
     return found
 
 
-def _p99_lag_while(server, send) -> tuple[float, str, httpx.Response]:
-    """Run ``send`` (one heavy request) and return the probe's p99 lag over that time (the upper bound of
+def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
+    """Run ``send`` (heavy requests) and return the probe's p99 lag over that time (the upper bound of
     the bucket holding it), what else the window saw (probe samples, garbage-collection pauses), and the
     response."""
     before = _scrape(server)
@@ -73,54 +85,59 @@ def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
 
 
 def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
-    """n = 16, top_logprobs = 5, 1024 tokens: 98k log-prob objects (the limits allow 4096 tokens and 20 top
+    """n = 16, top_logprobs = 5, 3072 tokens: 295k log-prob objects (the limits allow 4096 tokens and 20 top
     candidates; with 20, vLLM's own per-step log-prob work in this process shows as lag, which this test
     does not measure)."""
-    body = {"model": "executor", "messages": [{"role": "user", "content": "count"}], "n": 16, "max_tokens": 1024,
+    body = {"model": "executor", "messages": [{"role": "user", "content": "count"}], "n": 16, "max_tokens": LONG,
             "temperature": 1.0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
     p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/chat/completions", body,
                                                                        tiny_server.api_key))
     assert response.status_code == 200, response.text
     choices = response.json()["choices"]
-    assert len(choices) == 16 and all(len(c["logprobs"]["content"]) == 1024 for c in choices)
+    assert len(choices) == 16 and all(len(c["logprobs"]["content"]) == LONG for c in choices)
     assert len(choices[0]["logprobs"]["content"][0]["top_logprobs"]) == 5
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
 
 
 def test_many_completion_logprobs_are_built_off_the_loop(tiny_server) -> None:
-    body = {"model": "executor", "prompt": "count", "n": 16, "max_tokens": 1024, "temperature": 1.0,
+    body = {"model": "executor", "prompt": "count", "n": 16, "max_tokens": LONG, "temperature": 1.0,
             "ignore_eos": True, "logprobs": 5}
     p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/completions", body,
                                                                        tiny_server.api_key))
     assert response.status_code == 200, response.text
-    assert all(len(c["logprobs"]["tokens"]) == 1024 for c in response.json()["choices"])
+    assert all(len(c["logprobs"]["tokens"]) == LONG for c in response.json()["choices"])
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
 
 
-@pytest.mark.xfail(
-    reason="met on a server that ran only the server tests (tests/server, 319 passed), not yet on the session server "
-           "after the whole suite (CI: 0.25 s once); the cause there is not traced (no VLLM_GC_DEBUG log of that run)",
-    strict=False)
 def test_a_large_memory_import_is_decoded_off_the_loop(tiny_server) -> None:
     """64 MiB of records (the route takes up to 256 MiB), the last one invalid: the whole body is decoded,
-    then refused with a 400, so only the decoding runs."""
+    then refused with a 400, so only the decoding runs, ``REPEATS`` times; decoding on the loop would stall
+    it a fifth of a second per import."""
     line = (b'{"kind":"meta_plan","id":"%08d","question":"' + b"q" * 400
             + b'","successful_plan":"a","failed_plan":"b"}\n')
     count = (64 << 20) // len(line % 0)
     body = b"".join(line % i for i in range(count)) + b'{"kind":"meta_plan"}\n'
-    p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/memory/import", body,
-                                                                       tiny_server.admin_key))
-    assert response.status_code == 400 and f"line {count + 1}" in response.json()["error"]["message"], response.text
+
+    def imports() -> list[httpx.Response]:
+        return [_post(tiny_server, "/memory/import", body, tiny_server.admin_key) for _ in range(REPEATS)]
+
+    p99, seen, responses = _p99_lag_while(tiny_server, imports)
+    for response in responses:
+        assert response.status_code == 400 and f"line {count + 1}" in response.json()["error"]["message"], \
+            response.text
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
 
 
 @pytest.mark.parametrize("chars", [6 << 20])
 def test_long_messages_are_tokenised_off_the_loop(tiny_server, chars: int) -> None:
-    """6 MiB of message text (under the 8 MiB body cap): rendered and tokenised, then refused as longer
-    than the context."""
+    """6 MiB of message text (under the 8 MiB body cap), ``REPEATS`` times: refused as longer than the
+    context by its character count (``limits.max_chars_per_token``) before it is rendered; prompts under
+    that count are rendered and tokenised in a thread. Rendered on the loop without the cap, it stalls it
+    for seconds."""
     body = {"model": "executor", "messages": [{"role": "user", "content": "word " * (chars // 5)}]}
-    p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/chat/completions", body,
-                                                                       tiny_server.api_key))
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["code"] == "context_length_exceeded"
+    p99, seen, responses = _p99_lag_while(tiny_server, lambda: [
+        _post(tiny_server, "/chat/completions", body, tiny_server.api_key) for _ in range(REPEATS)])
+    for response in responses:
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "context_length_exceeded"
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
