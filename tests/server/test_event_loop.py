@@ -25,7 +25,7 @@ LAG = "mia_event_loop_lag_seconds"
 MAX_P99_S = 0.05
 GC = "mia_gc_pause_seconds"
 LONG = 3072
-"""Tokens of each log-prob request: long enough (over ten seconds, a thousand probe samples here) that
+"""Tokens of each log-prob request: long enough (thousands of probe samples on 2 cores) that
 one stall of the machine's own (another process scheduled on the loop's core) stays under 1 % of the
 samples, while building the log-probs on the loop would stall it for a second."""
 REPEATS = 16
@@ -59,8 +59,8 @@ def _gc_pauses(text: str) -> dict[str, tuple[float, float]]:
 
 def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
     """Run ``send`` (heavy requests) and return the probe's p99 lag over that time (the upper bound of
-    the bucket holding it), what else the window saw (probe samples, garbage-collection pauses), and the
-    response."""
+    the bucket holding it), what else the window saw (probe samples, garbage-collection pauses), and what
+    ``send`` returned."""
     before = _scrape(server)
     time.sleep(0.05)
     response = send()
@@ -91,7 +91,7 @@ def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
     body = {"model": "executor", "messages": [{"role": "user", "content": "count"}], "n": 16, "max_tokens": LONG,
             "temperature": 1.0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
     p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/chat/completions", body,
-                                                                       tiny_server.api_key))
+                                                                    tiny_server.api_key))
     assert response.status_code == 200, response.text
     choices = response.json()["choices"]
     assert len(choices) == 16 and all(len(c["logprobs"]["content"]) == LONG for c in choices)
@@ -103,7 +103,7 @@ def test_many_completion_logprobs_are_built_off_the_loop(tiny_server) -> None:
     body = {"model": "executor", "prompt": "count", "n": 16, "max_tokens": LONG, "temperature": 1.0,
             "ignore_eos": True, "logprobs": 5}
     p99, seen, response = _p99_lag_while(tiny_server, lambda: _post(tiny_server, "/completions", body,
-                                                                       tiny_server.api_key))
+                                                                    tiny_server.api_key))
     assert response.status_code == 200, response.text
     assert all(len(c["logprobs"]["tokens"]) == LONG for c in response.json()["choices"])
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
