@@ -11,13 +11,14 @@ instead of a dict and objects per token, alive for the whole request."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 T = TypeVar("T")
 
@@ -32,48 +33,42 @@ REPEATS = 16
 """Imports and long chats sent back to back in one window (a few seconds here, for the same reason)."""
 
 
-def _scrape(server) -> str:
-    return httpx.get(f"{server.base_url}/metrics", timeout=30,
+def _scrape(server) -> list[Sample]:
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
                      headers={"Authorization": f"Bearer {server.api_key}"}).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
-def _lag_buckets(text: str) -> dict[float, float]:
-    """Cumulative sample counts of the lag histogram, by upper bound (seconds)."""
-    found = re.findall(rf'^{LAG}_bucket{{le="([^"]+)"}} (\S+)$', text, flags=re.M)
-    assert found, f"{LAG} is not on /metrics"
-    return {float(le): float(count) for le, count in found}
+def _histogram(samples: list[Sample], name: str, **labels: str) -> tuple[dict[float, float], float]:
+    """Histogram ``name``'s series with ``labels``: cumulative counts by upper bound (seconds), and its sum."""
+    def matches(sample: Sample, suffix: str) -> bool:
+        return sample.name == name + suffix and labels.items() <= sample.labels.items()
 
-
-def _gc_pauses(text: str) -> dict[str, tuple[float, float]]:
-    """Per generation: garbage collections longer than ``MAX_P99_S``, and all collections' seconds."""
-    found = {}
-    for generation in ("0", "1", "2"):
-        slow = re.findall(rf'^{GC}_bucket{{generation="{generation}",le="([^"]+)"}} (\S+)$', text, flags=re.M)
-        assert slow, f"{GC} is not on /metrics"
-        buckets = {float(le): float(count) for le, count in slow}
-        below = buckets[MAX_P99_S]
-        total = float(re.search(rf'^{GC}_sum{{generation="{generation}"}} (\S+)$', text, flags=re.M).group(1))
-        found[generation] = (buckets[float("inf")] - below, total)
-    return found
+    buckets = {float(sample.labels["le"]): sample.value for sample in samples if matches(sample, "_bucket")}
+    assert buckets, f"{name} is not on /metrics"
+    return buckets, next(sample.value for sample in samples if matches(sample, "_sum"))
 
 
 def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
     """Run ``send`` (heavy requests) and return the probe's p99 lag over that time (the upper bound of
-    the bucket holding it), what else the window saw (probe samples, garbage-collection pauses), and what
-    ``send`` returned."""
+    the bucket holding it), what else the window saw (probe samples, and per generation the garbage
+    collections longer than ``MAX_P99_S`` and all collections' seconds), and what ``send`` returned."""
     before = _scrape(server)
     time.sleep(0.05)
     response = send()
     time.sleep(0.05)  # the tick after a stall is recorded when the loop wakes again
     after = _scrape(server)
-    lag_before, lag_after = _lag_buckets(before), _lag_buckets(after)
+    (lag_before, _), (lag_after, _) = _histogram(before, LAG), _histogram(after, LAG)
     delta = {le: lag_after[le] - lag_before.get(le, 0.0) for le in lag_after}
     total = delta[float("inf")]
     p99 = min(le for le, count in delta.items() if count >= 0.99 * total)
-    gc_before, gc_after = _gc_pauses(before), _gc_pauses(after)
-    pauses = ", ".join(f"gen {g}: {gc_after[g][0] - gc_before[g][0]:.0f} over {MAX_P99_S} s, "
-                       f"{gc_after[g][1] - gc_before[g][1]:.3f} s in all" for g in gc_after)
-    return p99, f"{total:.0f} samples; garbage collections {pauses}", response
+    pauses = []
+    for generation in ("0", "1", "2"):
+        (gc_before, sum_before), (gc_after, sum_after) = (_histogram(before, GC, generation=generation),
+                                                          _histogram(after, GC, generation=generation))
+        slow = (gc_after[float("inf")] - gc_after[MAX_P99_S]) - (gc_before[float("inf")] - gc_before[MAX_P99_S])
+        pauses.append(f"gen {generation}: {slow:.0f} over {MAX_P99_S} s, {sum_after - sum_before:.3f} s in all")
+    return p99, f"{total:.0f} samples; garbage collections {', '.join(pauses)}", response
 
 
 def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
