@@ -30,7 +30,7 @@ def encode_jsonl(records: Iterable[StoredRecord]) -> Iterator[bytes]:
         yield bytes(chunk)
 
 
-def decode_jsonl(data: bytes, first_line: int = 1) -> list[StoredRecord]:
+def decode_jsonl(data: bytes | bytearray, first_line: int = 1) -> list[StoredRecord]:
     """Every non-blank line decoded and type-checked; the first bad line is named in the error (numbered
     from ``first_line``: a caller decoding a body slice by slice)."""
     decoder = msgspec.json.Decoder(StoredRecord)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def warn_ignored(route: str, body: bytes, struct_type: type[msgspec.Struct]) -> None:
+def warn_ignored(route: str, body: bytes | bytearray, struct_type: type[msgspec.Struct]) -> None:
     """Log the top-level keys of ``body`` (an already validated JSON object) that ``struct_type`` lacks."""
     try:
         keys = _KEYS.decode(body)

@@ -116,7 +116,7 @@ IMPORT_SLICE_BYTES = 128 * 1024
 """Bytes of an import decoded between two turns of the event loop (a few milliseconds of decoding)."""
 
 
-async def decode_in_slices(data: bytes) -> list[StoredRecord]:
+async def decode_in_slices(data: bytes | bytearray) -> list[StoredRecord]:
     """``decode_jsonl`` over slices of about ``IMPORT_SLICE_BYTES`` cut at line ends, giving the event loop a
     turn between slices: a whole import (up to ``max_import_bytes``) would hold it for seconds. Decoded on
     the loop rather than in a thread, where the decoder's long native calls would hold the GIL anyway."""
