@@ -8,7 +8,8 @@ their gold answers (the test-time-learning stream: memory writes and GRPO update
 searches. Every ``--sample-s`` the RSS of the server and its children (engine cores) is sampled, and
 ``/v1/adapters`` and ``/v1/memory/stats`` read (the store grows by design, up to its capacities).
 Reported: requests and errors per kind (any non-200 or transport error is an error), RSS growth after
-the warm-up (the first ``--warmup-fraction`` of the run), adapter versions published, and the learning
+the warm-up (the first ``--warmup-fraction`` of the run) and each process's RSS slope (after the warm-up,
+second half, last third), the serving process's heap trims, adapter versions published, and the learning
 stream's answer accuracy per window of the run.
 """
 
@@ -26,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -106,6 +109,21 @@ class Soak:
         return max((v["version"] for v in body["data"] if v["role"] == "planner"), default=0)
 
 
+    async def heap_trims(self) -> dict[str, float]:
+        """The serving process's heap trims so far (``mia_malloc_trim_*`` on ``/metrics``): count, seconds,
+        MB of RSS given back; {} = unreadable."""
+        try:
+            text = (await self.http.get("/metrics")).text
+        except httpx.HTTPError:
+            return {}
+        names = {"mia_malloc_trim_seconds_count": "trims", "mia_malloc_trim_seconds_sum": "trim_s",
+                 "mia_malloc_trim_released_bytes_total": "released_mb"}
+        values = {names[sample.name]: sample.value for family in text_string_to_metric_families(text)
+                  for sample in family.samples if sample.name in names}
+        if "released_mb" in values:
+            values["released_mb"] /= 2**20
+        return values
+
     async def store_size(self) -> tuple[int, int]:
         """(workflow memories, Meta Plan pairs) in the server's store; (-1, -1) = unreadable."""
         try:
@@ -137,8 +155,24 @@ async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, A
         by_process = tree_rss_mb(pid)
         samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": sum(by_process.values()),
                         "rss_by_process_mb": by_process, "adapter_version": await soak.adapter_versions(),
-                        "memories": entries, "meta_plans": pairs})
+                        "memories": entries, "meta_plans": pairs, "heap_trims": await soak.heap_trims()})
         await asyncio.sleep(every_s)
+
+
+def rss_slopes(samples: list[dict[str, Any]], duration_s: float, warmup_fraction: float) -> dict[str, dict[str, float]]:
+    """Least-squares RSS slope of each process, in MB/min, over the run after the warm-up, its second half
+    and its last third (a process still settling shows a smaller slope late in the run)."""
+    names = samples[-1]["rss_by_process_mb"] if samples else {}
+    spans = {"after_warmup": warmup_fraction, "second_half": 0.5, "last_third": 2 / 3}
+    slopes: dict[str, dict[str, float]] = {}
+    for span, fraction in spans.items():
+        slopes[span] = {}
+        for name in names:
+            points = [(s["t_s"] / 60, s["rss_by_process_mb"][name]) for s in samples
+                      if s["t_s"] >= fraction * duration_s and name in s["rss_by_process_mb"]]
+            if len(points) > 2:
+                slopes[span][name] = round(float(np.polyfit(*zip(*points), 1)[0]), 3)
+    return slopes
 
 
 def windows(learning: list[tuple[float, bool]], duration_s: float, num: int) -> list[dict[str, float]]:
@@ -175,6 +209,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "num_errors": sum(soak.errors.values()), "error_samples": soak.error_samples, "healthy_at_end": is_healthy,
         "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else None, "rss_end_mb": warm[-1]["rss_mb"] if warm else None,
         "rss_growth_after_warmup_mb": growth, "rss_growth_after_warmup_by_process_mb": by_process,
+        "rss_slope_mb_per_min": rss_slopes(samples, duration, args.warmup_fraction),
         "store_growth_after_warmup": {key: warm[-1][key] - warm[0][key] for key in ("memories", "meta_plans")}
         if len(warm) > 1 else None,
         "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,

@@ -205,6 +205,10 @@ class ServerConfig(Frozen):
     keep_alive_s: float = 60.0
     """Idle keep-alive connections are closed after this; longer than clients' typical pauses, so a
     pooled connection is rarely closed under a client that is about to reuse it."""
+    malloc_trim_interval_s: float = 60.0
+    """Every this many seconds the serving process hands the pages glibc's malloc holds free back to the
+    system (``malloc_trim``, on a worker thread; ``base/heap_trim.py``), so memory its threads freed does
+    not stay in its RSS; 0 = never. No effect under another C library or a preloaded allocator."""
 
     def is_loopback(self) -> bool:
         return is_loopback_host(self.host)

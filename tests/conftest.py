@@ -89,6 +89,10 @@ def stop_server(server: ServerHandle) -> None:
     stop_process(server.process)
 
 
+TRIM_INTERVAL_S = 2
+"""The shared server's ``server.malloc_trim_interval_s``."""
+
+
 def _serve_tiny(tmp: Path, *extra: str) -> Iterator[ServerHandle]:
     """A tiny-model server for the fixture's scope (``extra``: its command-line overrides)."""
     server = start_server(tmp, "tiny", *extra)
@@ -121,8 +125,9 @@ def wiki_passages() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """The shared server: tests may add requests and memories, never change adapters or weights."""
-    yield from _serve_tiny(tmp_path_factory.mktemp("tiny_server"))
+    """The shared server: tests may add requests and memories, never change adapters or weights. It trims
+    its heap every 2 s (60 by default), so every test that watches its event loop's lag runs beside trims."""
+    yield from _serve_tiny(tmp_path_factory.mktemp("tiny_server"), f"--server.malloc_trim_interval_s={TRIM_INTERVAL_S}")
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from ..base.heap_trim import trim_heap_periodically
 from ..config import ServerConfig
 from ..engines.client import EngineClient
 from .admission import Admission, AdmissionMiddleware
@@ -69,7 +71,9 @@ def build_app(
         *(embedding_routes(encoder, config) if encoder is not None else []),
     ]
     routes += [*openapi_routes([*routes, *extra_routes]), *extra_routes]
-    app = Starlette(routes=routes, lifespan=EngineLifespan(start, stop, metrics.watch_loop_lag), exception_handlers={
+    trim_heap = partial(trim_heap_periodically, config.malloc_trim_interval_s, metrics.record_heap_trim)
+    lifespan = EngineLifespan(start, stop, [metrics.watch_loop_lag, trim_heap])
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)
     app.add_middleware(DeadlineMiddleware, config=config.admission)  # runs before admission: its 429s too
@@ -82,25 +86,25 @@ def build_app(
 
 class EngineLifespan:
     """Starts the engines in the background once the server listens (so it answers 503 meanwhile), and
-    at shutdown cancels a start still running, then stops them; ``probe`` (the event-loop lag probe) runs
-    meanwhile."""
+    at shutdown cancels a start still running, then stops them; the ``background`` tasks (the event-loop
+    lag probe, the heap trimmer) run meanwhile."""
 
     def __init__(self, start: Callable[[], Awaitable[None]] | None,
-                 stop: Callable[[], Awaitable[None]] | None, probe: Callable[[], Awaitable[None]] | None = None
-                 ) -> None:
+                 stop: Callable[[], Awaitable[None]] | None,
+                 background: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._start = start
         self._stop = stop
-        self._probe = probe
+        self._background = background
 
     @asynccontextmanager
     async def __call__(self, app: Starlette) -> AsyncIterator[None]:
         starting = asyncio.create_task(self._start()) if self._start else None
-        probing = asyncio.create_task(self._probe()) if self._probe else None
+        background = [asyncio.create_task(task()) for task in self._background]
         try:
             yield
         finally:
-            if probing:
-                probing.cancel()
+            for task in background:
+                task.cancel()
             if starting and not starting.done():
                 starting.cancel()
             if self._stop:

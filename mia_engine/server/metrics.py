@@ -74,6 +74,11 @@ class Metrics:
                                   "stall swallowed included)", buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.gc_pauses = GcPauses()
         self.registry.register(self.gc_pauses)
+        self.heap_trim = Histogram("mia_malloc_trim_seconds", "How long each malloc_trim of the serving process "
+                                   "took (server.malloc_trim_interval_s)", buckets=GC_PAUSE_BUCKETS,
+                                   registry=self.registry)
+        self.heap_trim_released = Counter("mia_malloc_trim_released_bytes", "RSS the serving process's "
+                                          "malloc_trim calls gave back to the system", registry=self.registry)
         self._admission_collector: AdmissionCollector | None = None
 
     def stage_started(self, stage: str) -> None:
@@ -98,6 +103,11 @@ class Metrics:
         self.learner_step.observe(report.step.step_seconds)
         if report.is_published:
             self.learner_publish.observe(report.publish_seconds)
+
+    def record_heap_trim(self, seconds: float, released_bytes: int) -> None:
+        """One ``base.heap_trim.trim_heap`` of this process."""
+        self.heap_trim.observe(seconds)
+        self.heap_trim_released.inc(released_bytes)
 
     def watch_admission(self, admission: Admission) -> None:
         """Export ``admission``'s queues (depth, running, wait, rejections per key) at each scrape."""

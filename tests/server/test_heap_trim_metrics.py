@@ -1,0 +1,31 @@
+"""The serving process trims its heap on schedule (``server.malloc_trim_interval_s``; every 2 s on the
+shared server) and says so on ``/metrics``: how long each trim took and the RSS it gave back."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from mia_engine.base.heap_trim import glibc_malloc_trim
+
+from tests.conftest import TRIM_INTERVAL_S
+
+
+def _trim_series(server) -> dict[str, float]:
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
+                     headers={"Authorization": f"Bearer {server.api_key}"}).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("mia_malloc_trim")}
+
+
+def test_the_server_trims_its_heap_on_schedule(tiny_server) -> None:
+    first = _trim_series(tiny_server)
+    assert {"mia_malloc_trim_seconds_count", "mia_malloc_trim_released_bytes_total"} <= first.keys()
+    if glibc_malloc_trim() is None:
+        return  # the server runs on this Python's C library: not glibc, nothing trimmed
+    time.sleep(3 * TRIM_INTERVAL_S)
+    later = _trim_series(tiny_server)
+    assert later["mia_malloc_trim_seconds_count"] >= first["mia_malloc_trim_seconds_count"] + 2
+    assert later["mia_malloc_trim_seconds_sum"] < later["mia_malloc_trim_seconds_count"], "each trim under a second"
