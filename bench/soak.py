@@ -108,7 +108,6 @@ class Soak:
             return -1
         return max((v["version"] for v in body["data"] if v["role"] == "planner"), default=0)
 
-
     async def heap_trims(self) -> dict[str, float]:
         """The serving process's heap trims so far (``mia_malloc_trim_*`` on ``/metrics``): count, seconds,
         MB of RSS given back; {} = unreadable."""

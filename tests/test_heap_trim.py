@@ -66,7 +66,7 @@ def test_trim_gives_back_pages_freed_behind_a_live_block() -> None:
 async def test_the_periodic_trimmer_trims_off_the_loop_and_reports_each_trim() -> None:
     kept = _strand_freed_pages()
     trims: list[tuple[float, int]] = []
-    task = asyncio.create_task(trim_heap_periodically(0.05, lambda seconds, released: trims.append((seconds, released))))
+    task = asyncio.create_task(trim_heap_periodically(0.05, lambda *trim: trims.append(trim)))
     try:
         for _ in range(100):
             await asyncio.sleep(0.05)

@@ -1,11 +1,11 @@
 """Giving the pages glibc's malloc holds free back to the system, every so often (``server.malloc_trim_interval_s``).
 
 glibc keeps memory a thread freed in that thread's arena, for reuse, and returns it to the system only
-from the top of an arena's heap. A long-running process whose threads allocate and free many sizes (the
-encoder's batches, the learner's steps, the engine client's buffers) holds more and more free pages that
-way: its RSS creeps up with no live data behind it. ``malloc_trim(0)`` hands every whole free page of
-every arena back (``madvise``), keeping the arenas themselves. It runs on a worker thread: it takes each
-arena's lock in turn, so a thread allocating from that arena waits for as long as that arena's walk.
+from the top of an arena's heap. So after a burst (the corpus index built at a first start, a large
+memory import, the encoder's and the learner's batches) the serving process would keep the burst's free
+pages resident: reused, never returned. ``malloc_trim(0)`` hands every whole free page of every arena
+back (``madvise``), keeping the arenas themselves; partly used pages stay. It runs on a worker thread:
+it takes each arena's lock in turn, so a thread allocating from that arena waits out that arena's walk.
 
 Only glibc has it: under another C library the trimmer does nothing, and under a preloaded allocator
 (TCMalloc, jemalloc) glibc's arenas hold nothing to trim.
