@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tests.processes import free_port, stop_process
 
@@ -87,6 +89,13 @@ def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None
 
 def stop_server(server: ServerHandle) -> None:
     stop_process(server.process)
+
+
+def scrape_metrics(server: ServerHandle) -> list[Sample]:
+    """Every sample the server's ``/metrics`` serves now."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
+                     headers={"Authorization": f"Bearer {server.api_key}"}).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 TRIM_INTERVAL_S = 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import threading
+from functools import cache
 
 import pytest
 
@@ -19,12 +20,19 @@ BLOCKS = 64 * 1024
 """128 MiB in all."""
 
 
-def _strand_freed_pages() -> list[int]:
-    """On a thread of its own (its own arena), allocate and touch ``BLOCKS`` blocks, then free all but
-    every 4096th: the freed pages stay resident behind the kept ones. Returns the kept blocks' addresses."""
+@cache
+def _libc() -> ctypes.CDLL:
+    """This process's C library with ``malloc`` and ``free`` typed."""
     libc = ctypes.CDLL(None)
     libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
     libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    return libc
+
+
+def _strand_freed_pages() -> list[int]:
+    """On a thread of its own (its own arena), allocate and touch ``BLOCKS`` blocks, then free all but
+    every 4096th: the freed pages stay resident behind the kept ones. Returns the kept blocks' addresses."""
+    libc = _libc()
     kept: list[int] = []
 
     def run() -> None:
@@ -44,10 +52,8 @@ def _strand_freed_pages() -> list[int]:
 
 
 def _free(addresses: list[int]) -> None:
-    libc = ctypes.CDLL(None)
-    libc.free.argtypes = [ctypes.c_void_p]
     for address in addresses:
-        libc.free(address)
+        _libc().free(address)
 
 
 def test_trim_gives_back_pages_freed_behind_a_live_block() -> None:

@@ -17,8 +17,9 @@ from typing import TypeVar
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from tests.conftest import scrape_metrics
 
 T = TypeVar("T")
 
@@ -32,12 +33,6 @@ samples, while building the log-probs on the loop would stall it for a second.""
 REPEATS = 16
 """Long chats sent back to back in one window, and half as many imports of twice the size (several seconds
 here, for the same reason)."""
-
-
-def _scrape(server) -> list[Sample]:
-    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
-                     headers={"Authorization": f"Bearer {server.api_key}"}).text
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 def _histogram(samples: list[Sample], name: str, **labels: str) -> tuple[dict[float, float], float]:
@@ -54,11 +49,11 @@ def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
     """Run ``send`` (heavy requests) and return the probe's p99 lag over that time (the upper bound of
     the bucket holding it), what else the window saw (probe samples, and per generation the garbage
     collections longer than ``MAX_P99_S`` and all collections' seconds), and what ``send`` returned."""
-    before = _scrape(server)
+    before = scrape_metrics(server)
     time.sleep(0.05)
     response = send()
     time.sleep(0.05)  # the tick after a stall is recorded when the loop wakes again
-    after = _scrape(server)
+    after = scrape_metrics(server)
     (lag_before, _), (lag_after, _) = _histogram(before, LAG), _histogram(after, LAG)
     delta = {le: lag_after[le] - lag_before.get(le, 0.0) for le in lag_after}
     total = delta[float("inf")]

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import time
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from mia_engine.base.heap_trim import glibc_malloc_trim
 
-from tests.conftest import TRIM_INTERVAL_S
+from tests.conftest import TRIM_INTERVAL_S, scrape_metrics
 
 
 def _trim_series(server) -> dict[str, float]:
-    text = httpx.get(f"{server.base_url}/metrics", timeout=30,
-                     headers={"Authorization": f"Bearer {server.api_key}"}).text
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name.startswith("mia_malloc_trim")}
+    return {sample.name: sample.value for sample in scrape_metrics(server) if sample.name.startswith("mia_malloc_trim")}
 
 
 def test_the_server_trims_its_heap_on_schedule(tiny_server) -> None:
