@@ -67,16 +67,35 @@ def passthrough_engine_args(name: str, config: EngineConfig) -> dict[str, Any]:
     return dict(config.vllm)
 
 
+_STAT_LOGGER_BUILD = threading.Lock()
+"""Held while a stat logger is built: vLLM's logger first unregisters every ``vllm:`` collector of the
+process-global registry, which two engines starting at once would do over each other (``KeyError``)."""
+
+_METRIC_GROUPS = ("_spec_decoding_cls", "_kv_connector_cls", "_ec_connector_cls", "_perf_metrics_cls")
+"""The logger's attributes naming vLLM's per-feature metric groups, each of which builds its own metrics."""
+
+
 def stat_logger_for(registry: CollectorRegistry) -> type[PrometheusStatLogger]:
-    """vLLM's Prometheus stat logger, registering its ``vllm:*`` series in ``registry`` instead of the
+    """vLLM's Prometheus stat logger, registering all its ``vllm:*`` series (its per-feature groups' too:
+    speculative decoding, KV/EC connectors, performance estimates) in ``registry`` instead of the
     process-global one: each logger clears every ``vllm:`` series of the global registry when it is built,
     so with several engines in one process only the last one's would remain there."""
     def bound(cls: type) -> type:
         return type(cls.__name__, (cls,), {"__init__": lambda self, *args, **kwargs: cls.__init__(
             self, *args, **{**kwargs, "registry": registry})})
 
+    metric_classes = {"_gauge_cls": bound(Gauge), "_counter_cls": bound(Counter), "_histogram_cls": bound(Histogram)}
+
+    def grouped(cls: type) -> type:
+        return type(cls.__name__, (cls,), {key: value for key, value in metric_classes.items() if hasattr(cls, key)})
+
+    def build(self: PrometheusStatLogger, *args: Any, **kwargs: Any) -> None:
+        with _STAT_LOGGER_BUILD:
+            PrometheusStatLogger.__init__(self, *args, **kwargs)
+
     return type("EnginePrometheusStatLogger", (PrometheusStatLogger,), {
-        "_gauge_cls": bound(Gauge), "_counter_cls": bound(Counter), "_histogram_cls": bound(Histogram)})
+        **metric_classes, **{name: grouped(getattr(PrometheusStatLogger, name)) for name in _METRIC_GROUPS},
+        "__init__": build})
 
 
 class VLLMEngine:
