@@ -69,7 +69,9 @@ def passthrough_engine_args(name: str, config: EngineConfig) -> dict[str, Any]:
 
 _STAT_LOGGER_BUILD = threading.Lock()
 """Held while a stat logger is built: vLLM's logger first unregisters every ``vllm:`` collector of the
-process-global registry, which two engines starting at once would do over each other (``KeyError``)."""
+process-global registry. With every group bound (``_METRIC_GROUPS``) ours leave none there; the lock keeps
+two engines starting at once from unregistering the same one (``KeyError``) should a group vLLM adds
+later still register globally."""
 
 _METRIC_GROUPS = ("_spec_decoding_cls", "_kv_connector_cls", "_ec_connector_cls", "_perf_metrics_cls")
 """The logger's attributes naming vLLM's per-feature metric groups, each of which builds its own metrics."""

@@ -6,7 +6,7 @@ cache (``LRU_CACHE_CAPACITY``) and in oneDNN's own process-wide cache
 shape, and serving changes the shape every step (tokens in a step, passages in an encoder batch), so a
 bf16 process keeps adding primitives of up to a few MB until both caches are full (over a GB); with
 both bounded its memory stays flat. A float32 sentence encoder fed batches of changing shape fills them
-too, with smaller primitives (a few MB in all). Both values
+too, with smaller primitives. Both values
 are read once per process, at its first oneDNN primitive, so they must be in the environment before
 that: ``spawn.spawn_env`` for the engines' spawned processes, ``bound_this_process`` for the serving
 (or ``eval``) process at its start.
