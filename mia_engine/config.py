@@ -386,8 +386,9 @@ class MIAConfig(Frozen):
     """oneDNN primitives each CPU process of the server keeps (the engines' processes on vLLM's CPU
     platform, and this process where an encoder or the learner runs on the CPU), in oneDNN's own cache
     and in torch's (ideep's) cache of the same primitives (``engines/cpu/onednn.py``); 0 = no oneDNN
-    cache. Their defaults, 1024 each, let a bf16 process grow by over a GB, one primitive per (layer
-    shape, tokens in the step); 128 ran as fast as 1024. No effect on GPU."""
+    cache. Their defaults, 1024 each, let a bf16 process grow by one large primitive per (layer shape,
+    tokens in the step) up to that many; 128 keeps memory flat and a step's primitives still cached.
+    No effect on GPU."""
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir:

@@ -4,7 +4,7 @@ torch runs a bf16 matmul on CPU through oneDNN and keeps the primitive it built 
 cache (``LRU_CACHE_CAPACITY``) and in oneDNN's own process-wide cache
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), 1024 entries each by default. A primitive is built per input
 shape, and serving changes the shape every step (tokens in a step, passages in an encoder batch), so a
-bf16 process keeps adding primitives of up to a few MB until both caches are full (over a GB); with
+bf16 process keeps adding large primitives until both caches are full; with
 both bounded its memory stays flat. A float32 sentence encoder fed batches of changing shape fills them
 too, with smaller primitives. Both values
 are read once per process, at its first oneDNN primitive, so they must be in the environment before
