@@ -267,6 +267,10 @@ class EngineConfig(Frozen):
     """Sequences decoded together in one step."""
     max_num_batched_tokens: int = 0
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
+    tokenizer_threads: int = 2
+    """Threads that run this engine's tokenizer (chat templates, tokenizing, detokenizing) off the event
+    loop. The ``tokenizers`` library keeps its BPE word cache per thread (up to ten thousand words each),
+    so this count, not the machine's core count, bounds that cache's memory."""
     language_model_only: bool = False
     """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
     no vision-encoder memory reserved for profiling (when no role on it answers image questions)."""
@@ -587,7 +591,8 @@ def _check_server(server: ServerConfig) -> None:
 def _check_engine(name: str, engine: EngineConfig) -> None:
     prefix = f"engines.{name}"
     for field in ("max_model_len", "tensor_parallel_size", "data_parallel_size", "max_num_seqs",
-                  "max_loras", "max_cpu_loras", "max_lora_rank", "max_images_per_prompt"):
+                  "tokenizer_threads", "max_loras", "max_cpu_loras", "max_lora_rank",
+                  "max_images_per_prompt"):
         _check_positive(f"{prefix}.{field}", getattr(engine, field))
     if not 0 < engine.gpu_memory_utilization <= 1:
         raise ConfigError(f"{prefix}.gpu_memory_utilization: must be in (0, 1]")

@@ -182,28 +182,26 @@ class RoleServer:
     async def render_chat(self, model: str, messages: list[dict[str, Any]], *,
                           tools: list[dict[str, Any]] | None = None) -> list[int]:
         target = self._targets[model]
-        tokenizer = target.engine.tokenizer
         extra = {"tools": tools} if tools else {}
 
-        def render() -> list[int]:
+        def render(tokenizer: Any) -> list[int]:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                  **extra, **target.template_kwargs)
             return tokenizer(text, add_special_tokens=False)["input_ids"]  # the batch path: frees the GIL
 
-        return await asyncio.get_running_loop().run_in_executor(None, render)
+        return await target.engine.with_tokenizer(render)
 
     async def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        tokenizer = self._targets[model].engine.tokenizer
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return await self._targets[model].engine.with_tokenizer(
+            lambda tokenizer: tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     async def detokenize(self, model: str, token_ids: list[int]) -> str:
-        tokenizer = self._targets[model].engine.tokenizer
-        vocab_size = len(tokenizer)
+        engine = self._targets[model].engine
+        vocab_size = len(engine.tokenizer)
         bad = [i for i in token_ids if not 0 <= i < vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is out of the vocabulary (0 to {vocab_size - 1})")
-        return await asyncio.get_running_loop().run_in_executor(None, tokenizer.decode, token_ids)
+        return await engine.with_tokenizer(lambda tokenizer: tokenizer.decode(token_ids))
 
     def parses_tool_calls(self, model: str) -> bool:
         target = self._targets.get(model)
@@ -213,25 +211,25 @@ class RoleServer:
         return self._tool_parsers[self._targets[model].engine.name].skips_special_tokens(tools)
 
     async def extract_tool_calls(self, model: str, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
-        parser = self._tool_parsers[self._targets[model].engine.name]
-        return await asyncio.get_running_loop().run_in_executor(None, parser.extract, text, tools)
+        engine = self._targets[model].engine
+        parser = self._tool_parsers[engine.name]
+        return await engine.with_tokenizer(lambda _: parser.extract(text, tools))  # the parser holds the tokenizer
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         target = self._targets[model]
 
-        def extend() -> list[int]:
-            glue = turn_glue(target.engine.tokenizer, user_text, **target.template_kwargs)
+        def extend(tokenizer: Any) -> list[int]:
+            glue = turn_glue(tokenizer, user_text, **target.template_kwargs)
             if ids and glue and ids[-1] == glue[0]:  # the sampled end-of-turn token is already there
                 glue = glue[1:]
             return [*ids, *glue]
 
-        return await asyncio.get_running_loop().run_in_executor(None, extend)
+        return await target.engine.with_tokenizer(extend)
 
     async def encode(self, model: str, text: str) -> list[int]:
         """Token ids of ``text`` (no special tokens) under the model's tokenizer."""
-        tokenizer = self._targets[model].engine.tokenizer
-        return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: tokenizer(text, add_special_tokens=False)["input_ids"])
+        return await self._targets[model].engine.with_tokenizer(
+            lambda tokenizer: tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def generate(
         self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,

@@ -12,10 +12,11 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vllm import SamplingParams
@@ -32,6 +33,8 @@ from .platforms import is_cpu_platform
 from .startup import replica_for
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def has_vision_tower(model_dir: Path) -> bool:
@@ -111,6 +114,7 @@ class VLLMEngine:
         self.supports_images = has_vision_tower(model_dir) and not config.language_model_only
         """Requests may carry images: the model has a vision tower and the engine serves it."""
         self.tokenizer: Any = None
+        self._tokenizer_threads = ThreadPoolExecutor(config.tokenizer_threads, thread_name_prefix=f"tokenizer-{name}")
         self.dtype = config.dtype
         """The dtype the engine runs in, as vLLM resolved it at start (``auto`` depends on the hardware)."""
         self._llm: Any = None
@@ -129,6 +133,12 @@ class VLLMEngine:
         self.tokenizer = await loop.run_in_executor(None, self._load_tokenizer)
         self._llm = await loop.run_in_executor(None, self._build, config_lock or threading.Lock())
         log.info("engine %s is up (%s, %s)", self.name, self.model_dir, self.dtype)
+
+    async def with_tokenizer(self, work: Callable[[Any], T]) -> T:
+        """``work(tokenizer)`` on this engine's tokenizer threads (``tokenizer_threads``), off the event loop.
+        The server's tokenizing, chat templates and detokenizing go through here, so the tokenizer's
+        per-thread word caches live on those threads only."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_threads, work, self.tokenizer)
 
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -219,6 +229,7 @@ class VLLMEngine:
         return [set(ids) for ids in await self._llm.engine_core.call_utility_all_async("list_loras")]
 
     def shutdown(self) -> None:
+        self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

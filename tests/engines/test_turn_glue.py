@@ -46,16 +46,16 @@ THINKING_TEMPLATE = (
 
 
 async def test_each_role_renders_with_its_own_template_kwargs(tokenizer) -> None:
-    from types import SimpleNamespace
-
     from mia_engine.config import load_config
     from mia_engine.engines.roles import RoleServer, RoleTarget
+    from mia_engine.engines.vllm_engine import VLLMEngine
 
     tokenizer.chat_template = THINKING_TEMPLATE
     config = load_config("tiny", {"roles.manager.chat_template_kwargs": {"enable_thinking": False}})
     assert config.roles["manager"].chat_template_kwargs == {"enable_thinking": False}
     server = RoleServer(config)
-    engine = SimpleNamespace(tokenizer=tokenizer)
+    engine = VLLMEngine("tiny", config.engines["tiny"], Path(tokenizer.name_or_path))  # never started
+    engine.tokenizer = tokenizer
     for name, role in config.roles.items():  # the targets start() builds, over a tokenizer-only engine
         canonical = role.alias_of or name
         server._targets[name] = RoleTarget(engine, None, role.sampling, "role",
@@ -68,3 +68,4 @@ async def test_each_role_renders_with_its_own_template_kwargs(tokenizer) -> None
     assert planner.endswith("<|im_start|>assistant\n")  # the Planner thinks
     glue = tokenizer.decode(await server.extend_chat("manager", [], "and Quito?"))
     assert glue.endswith("<think>\n\n</think>\n\n")  # continued turns keep the role's kwargs
+    engine.shutdown()
