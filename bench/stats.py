@@ -3,7 +3,11 @@ serving metrics' breakdown."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +79,33 @@ def metrics_breakdown(registry: CollectorRegistry) -> dict[str, dict[str, float]
     hit_rate = {role: totals["cached"].get(role, 0.0) / n for role, n in totals["prompt"].items() if n}
     return {"prefix_hit_rate": hit_rate, "prompt_tokens": totals["prompt"], "completion_tokens": totals["completion"],
             "stage_seconds": totals["stage_seconds"], "stage_count": totals["stage_count"]}
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+@cache
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    return libc.mallinfo2
+
+
+def has_malloc_counters() -> bool:
+    """glibc's ``mallinfo2`` is there (glibc 2.33 or later)."""
+    return _mallinfo2() is not None
+
+
+def malloc_bytes_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back, over every arena (every thread's), after a
+    garbage collection: what this process holds, without the free pages its RSS also counts."""
+    gc.collect()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        raise RuntimeError("needs glibc's mallinfo2 (glibc 2.33 or later)")
+    return mallinfo2().uordblks

@@ -5,17 +5,15 @@ grew with every thread the executor added. Real tokenizer (the tiny model's byte
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import random
 import string
 import threading
-from functools import cache
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
+from bench.stats import has_malloc_counters, malloc_bytes_in_use
 from mia_engine.config import SamplingDefaults, load_config
 from mia_engine.engines.roles import RoleServer, RoleTarget
 from mia_engine.engines.vllm_engine import VLLMEngine
@@ -26,27 +24,6 @@ WORDS_PER_TEXT = 1000
 TEXTS = 96
 """96,000 distinct words: more than the library's 10,000-word cache on each of the default executor's threads
 (``min(32, cores + 4)``, 6 on a 2-core machine)."""
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-@cache
-def _mallinfo2():
-    libc = ctypes.CDLL(None)
-    if not hasattr(libc, "mallinfo2"):
-        return None
-    libc.mallinfo2.restype = _MallInfo2
-    return libc.mallinfo2
-
-
-def _bytes_in_use() -> int:
-    """Bytes malloc has handed out and not had back, every arena (every thread's) included."""
-    gc.collect()
-    return _mallinfo2()().uordblks
 
 
 def _texts(seed: int, count: int) -> list[str]:
@@ -77,10 +54,10 @@ def _one_full_cache(tokenizer, texts: list[str]) -> int:
     held: list[int] = []
 
     def fill() -> None:
-        before = _bytes_in_use()
+        before = malloc_bytes_in_use()
         for text in texts:
             tokenizer(text, add_special_tokens=False)
-        held.append(_bytes_in_use() - before)
+        held.append(malloc_bytes_in_use() - before)
 
     thread = threading.Thread(target=fill)
     thread.start()
@@ -88,14 +65,14 @@ def _one_full_cache(tokenizer, texts: list[str]) -> int:
     return held[0]
 
 
-@pytest.mark.skipif(_mallinfo2() is None, reason="needs glibc's mallinfo2")
+@pytest.mark.skipif(not has_malloc_counters(), reason="needs glibc's mallinfo2")
 async def test_tokenizer_caches_are_bounded_by_the_engines_tokenizer_threads(tiny_base: Path) -> None:
     server, engine = _role_server(tiny_base, THREADS)
     try:
         full = _one_full_cache(engine.tokenizer, _texts(1, 16))  # 16,000 words: past one cache's 10,000
         assert full > 500_000, full  # the cache is there to bound: a full one holds well over 0.5 MB
         texts = _texts(2, TEXTS)
-        before = _bytes_in_use()
+        before = malloc_bytes_in_use()
 
         async def count(i: int, text: str) -> int:  # keeps the count only: the ids would count as held
             if i % 2:
@@ -103,7 +80,7 @@ async def test_tokenizer_caches_are_bounded_by_the_engines_tokenizer_threads(tin
             return len(await server.render_chat("tiny", [{"role": "user", "content": text}]))
 
         lengths = await asyncio.gather(*(count(i, text) for i, text in enumerate(texts)))
-        held = _bytes_in_use() - before
+        held = malloc_bytes_in_use() - before
         assert min(lengths) >= WORDS_PER_TEXT
         assert held < (THREADS + 1) * full, (held, full)  # THREADS full caches, not one per executor thread
     finally:
