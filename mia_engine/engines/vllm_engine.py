@@ -28,6 +28,7 @@ from vllm.outputs import RequestOutput
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from ..config import EngineConfig
+from .client import EngineUnavailable
 from .engine_args import engine_arg_names, table_error, vllm_version
 from .platforms import is_cpu_platform
 from .startup import replica_for
@@ -137,8 +138,13 @@ class VLLMEngine:
     async def with_tokenizer(self, work: Callable[[Any], T]) -> T:
         """``work(tokenizer)`` on this engine's tokenizer threads (``tokenizer_threads``), off the event loop.
         The server's tokenizing, chat templates and detokenizing go through here, so the tokenizer's
-        per-thread word caches live on those threads only."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_threads, work, self.tokenizer)
+        per-thread word caches live on those threads only. Raises ``EngineUnavailable`` once the engine
+        is shut down."""
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._tokenizer_threads, work, self.tokenizer)
+        except RuntimeError:  # the pool no longer takes work: shutdown() ran
+            raise EngineUnavailable(f"engine {self.name} is shut down") from None
+        return await future
 
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer

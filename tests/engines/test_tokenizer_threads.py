@@ -113,3 +113,13 @@ def test_tokenizer_threads_must_be_positive() -> None:
 
     with pytest.raises(ConfigError, match="engines.tiny.tokenizer_threads"):
         load_config("tiny", {"engines.tiny.tokenizer_threads": 0})
+
+
+async def test_tokenizer_work_after_shutdown_is_refused_as_engine_unavailable(tiny_base: Path) -> None:
+    from mia_engine.engines.client import EngineUnavailable
+
+    server, engine = _role_server(tiny_base, THREADS)
+    assert await server.tokenize("tiny", "Lima")
+    engine.shutdown()
+    with pytest.raises(EngineUnavailable, match="engine tiny is shut down"):
+        await server.tokenize("tiny", "Quito")
