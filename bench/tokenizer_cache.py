@@ -30,8 +30,8 @@ from mia_engine.models.embedded import model_dir  # noqa: E402
 from mia_engine.tools.corpus import load_corpus  # noqa: E402
 
 
-def prompts(count: int, passages: int, seed: int) -> list[str]:
-    corpus = load_corpus(load_config("default").tools.corpus).passages
+def prompts(corpus_source: str, count: int, passages: int, seed: int) -> list[str]:
+    corpus = load_corpus(corpus_source).passages
     rng = random.Random(seed)
     return ["\n\n".join(f"{p.title}: {p.text}" for p in rng.sample(corpus, passages)) for _ in range(count)]
 
@@ -64,7 +64,7 @@ def main() -> None:
     config = load_config("default")
     engine = next(iter(config.engines.values()))
     tokenizer_dir = model_dir(engine.model, default_home())
-    texts = prompts(args.prompts, args.passages, args.seed)
+    texts = prompts(config.tools.corpus, args.prompts, args.passages, args.seed)
     scratch = AutoTokenizer.from_pretrained(tokenizer_dir)
     for text in texts:  # each str keeps its UTF-8 copy from the first encode on: made here, not counted below
         scratch(text, add_special_tokens=False)
