@@ -8,6 +8,7 @@ run them in-process, with no HTTP, through ``with_services``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import uuid
 from typing import Any
@@ -152,12 +153,16 @@ class Services:
             await self.learner.submit(samples)
 
     async def stop(self) -> None:
+        """Stop every component, then undo ``start``'s GC freeze, as vLLM's engine core does at its
+        shutdown: frozen objects are never collected, and reference cycles among them (classes and their
+        methods) would outlive the interpreter's teardown, which native bindings report as leaks."""
         self.learner.close()
         self.roles.shutdown()
         self.agent.close()
         await self.memory.close()
         for encoder in self.encoders:
             encoder.close()
+        gc.unfreeze()
 
 
 def _start_error(starting: asyncio.Future) -> str | None:
