@@ -35,9 +35,15 @@ def test_run_is_resumable_and_reports_accuracy(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ttl_writes_metrics_and_a_plot(tmp_path: Path) -> None:
-    metrics, plot = tmp_path / "metrics.jsonl", tmp_path / "curves.png"
-    result = _cli(tmp_path, "ttl", "--dataset", str(DEVSET), "--out", str(tmp_path / "r.jsonl"), "--limit", "4",
+def test_ttl_writes_metrics_and_a_plot_and_judges_unanswered_questions_without_gold(tmp_path: Path) -> None:
+    """Two questions with answers, then two without (a dataset may mix them): the first are judged
+    against their answers, the others by the reviewers and the Area Chair; one run, one engine start."""
+    rows_in = [json.loads(line) for line in DEVSET.read_text().splitlines()[:4]]
+    dataset = tmp_path / "mixed.jsonl"
+    dataset.write_text("".join(json.dumps(row if i < 2 else {"id": row["id"], "question": row["question"]}) + "\n"
+                               for i, row in enumerate(rows_in)))
+    metrics, plot, out = tmp_path / "metrics.jsonl", tmp_path / "curves.png", tmp_path / "r.jsonl"
+    result = _cli(tmp_path, "ttl", "--dataset", str(dataset), "--out", str(out), "--limit", "4",
                   "--metrics-out", str(metrics), "--plot", str(plot))
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -46,18 +52,14 @@ def test_ttl_writes_metrics_and_a_plot(tmp_path: Path) -> None:
     assert all({"reward_mean", "loss", "update_seconds", "swap_seconds", "adapter_version"} <= set(u) for u in updates)
     assert any("judge_accuracy" in r for r in rows)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.slow
-def test_ttl_without_answers_uses_the_reviewers_and_the_area_chair(tmp_path: Path) -> None:
-    dataset, out = tmp_path / "no_answers.jsonl", tmp_path / "r.jsonl"
-    dataset.write_text("".join(json.dumps({"id": row["id"], "question": row["question"]}) + "\n"
-                               for row in map(json.loads, DEVSET.read_text().splitlines()[:2])))
-    result = _cli(tmp_path, "ttl", "--dataset", str(dataset), "--out", str(out), "--limit", "2",
-                  "--metrics-out", str(tmp_path / "m.jsonl"), "--plot", str(tmp_path / "p.png"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 2 and all(r["answers"] == [] and r["judge"] == "unsupervised" for r in rows)
+    answers = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(answers) == 4
+    for i, row in enumerate(rows_in):
+        judged = answers[row["id"]]
+        if i < 2:
+            assert judged["answers"] == row["answer"] and judged["judge"] == "supervised", judged
+        else:
+            assert judged["answers"] == [] and judged["judge"] == "unsupervised", judged
 
 
 def test_bad_dataset_is_a_one_line_error(tmp_path: Path) -> None:
