@@ -52,10 +52,10 @@ def test_ttl_writes_metrics_and_a_plot_and_judges_unanswered_questions_without_g
     assert all({"reward_mean", "loss", "update_seconds", "swap_seconds", "adapter_version"} <= set(u) for u in updates)
     assert any("judge_accuracy" in r for r in rows)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    answers = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert len(answers) == 4
+    results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(results) == 4
     for i, row in enumerate(rows_in):
-        judged = answers[row["id"]]
+        judged = results[row["id"]]
         if i < 2:
             assert judged["answers"] == row["answer"] and judged["judge"] == "supervised", judged
         else:
