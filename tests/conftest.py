@@ -102,9 +102,10 @@ TRIM_INTERVAL_S = 2
 """The shared server's ``server.malloc_trim_interval_s``."""
 
 
-def _serve_tiny(tmp: Path, *extra: str) -> Iterator[ServerHandle]:
-    """A tiny-model server for the fixture's scope (``extra``: its command-line overrides)."""
-    server = start_server(tmp, "tiny", *extra)
+def _serve_tiny(tmp: Path, *extra: str, new_session: bool = False) -> Iterator[ServerHandle]:
+    """A tiny-model server for the fixture's scope (``extra``: its command-line overrides;
+    ``new_session``: as for ``start_server``)."""
+    server = start_server(tmp, "tiny", *extra, new_session=new_session)
     try:
         wait_ready(server)
         yield server

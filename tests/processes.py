@@ -6,7 +6,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+GROUP_EXIT_S = 30
+"""Seconds the rest of a server's process group (vLLM's processes, the resource tracker) may take to exit
+after the server has."""
 
 
 def free_port() -> int:
@@ -33,3 +38,27 @@ def refused_serve(tmp_path: Path, *overrides: str) -> subprocess.CompletedProces
            "--data-dir", str(tmp_path / "data"), "--port", "0"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                           env={"MIA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+
+
+def live_members(pgid: int) -> list[str]:
+    """The processes of group ``pgid`` still running ("pid name"; zombies awaiting their reaper excluded)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(f"{stat.parent.name} {name}")
+    return members
+
+
+def wait_group_exit(pgid: int, timeout_s: float = GROUP_EXIT_S) -> list[str]:
+    """Wait until no process of group ``pgid`` runs (a server started with its own session, after the
+    server itself exited); return those still running at ``timeout_s``. Everything the group writes to
+    the server's log is there once it returns empty."""
+    deadline = time.monotonic() + timeout_s
+    while (members := live_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return members

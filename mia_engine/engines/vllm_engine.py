@@ -32,6 +32,7 @@ from .client import EngineUnavailable
 from .engine_args import engine_arg_names, table_error, vllm_version
 from .platforms import is_cpu_platform
 from .startup import replica_for
+from .teardown import await_begun_teardowns, teardown_timeout_s
 
 log = logging.getLogger(__name__)
 
@@ -237,5 +238,9 @@ class VLLMEngine:
     def shutdown(self) -> None:
         self._tokenizer_threads.shutdown(wait=False, cancel_futures=True)
         if self._llm is not None:
-            self._llm.shutdown()
+            waited = await_begun_teardowns(self._llm)
+            if waited:
+                log.info("engine %s: waited for engine core %s to finish the teardown it had begun",
+                         self.name, waited)
+            self._llm.shutdown(timeout=teardown_timeout_s())
             self._llm = None

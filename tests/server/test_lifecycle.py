@@ -1,6 +1,7 @@
 """A server run as an operator runs one: ``--server.log_format=json`` (one JSON object per log line, vLLM's
 engine processes included), and SIGTERM while a request streams (the request finishes within
-``server.shutdown_timeout_s``, then the server exits)."""
+``server.shutdown_timeout_s``, then the server exits, its engine core given time to tear down: a kill
+halfway leaves the shared memory it made for its workers for the resource tracker to report)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import ServerHandle, _serve_tiny
+from tests.processes import wait_group_exit
 
 JSON_KEYS = {"time", "level", "logger", "message"}
 LONG_TOKENS = 3000
@@ -22,7 +24,8 @@ LONG_TOKENS = 3000
 
 @pytest.fixture(scope="module")
 def json_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("json_server"), "--server.log_format=json")
+    # its own process group: the SIGTERM test waits for all of it to exit
+    yield from _serve_tiny(tmp_path_factory.mktemp("json_server"), "--server.log_format=json", new_session=True)
 
 
 def _records(server: ServerHandle) -> list[dict]:
@@ -65,4 +68,8 @@ def test_sigterm_lets_a_streaming_request_finish(json_server: ServerHandle) -> N
     print(f"the request ran on for {ran_on_s:.1f} s after SIGTERM")
     # uvicorn re-raises the signal once it has shut down: the process ends by SIGTERM, as asked
     assert json_server.process.wait(timeout=60) in (0, -signal.SIGTERM), json_server.log_tail()
-    assert any("Waiting for connections to close" in r["message"] for r in _records(json_server))
+    assert not wait_group_exit(json_server.process.pid), json_server.log_tail()
+    records = _records(json_server)
+    assert any("Waiting for connections to close" in r["message"] for r in records)
+    assert not [r["message"] for r in records if "force killing" in r["message"]]  # the engine core's teardown
+    assert "leaked shared_memory" not in json_server.log_path.read_text(errors="replace")

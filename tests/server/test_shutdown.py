@@ -1,7 +1,9 @@
 """Ctrl-C in the terminal that runs `serve`: SIGINT to its whole process group (the server, vLLM's
 engine core and worker), as a terminal sends it. The server must stop its engines and exit 0, with no
 traceback (uvicorn raises the signal again after its own shutdown), and nothing printed after its
-last line."""
+last line. The engine core gets the signal too and begins its own teardown; the server waits for it
+rather than kill it halfway (which leaves the shared memory it made for its workers for the resource
+tracker to report)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_server, stop_server, wait_ready
+from tests.processes import wait_group_exit
 
 
 @pytest.mark.slow
@@ -30,14 +33,17 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path, sigint_ignored: bool) -
         wait_ready(server)
         os.killpg(server.process.pid, signal.SIGINT)
         assert server.process.wait(timeout=60) == 0, server.log_tail()
+        assert not wait_group_exit(server.process.pid), server.log_tail()  # the log is complete from here
     finally:
         if server.process.poll() is None:
             stop_server(server)
     log = server.log_path.read_text()
     assert "Traceback" not in log, log[-3000:]
     assert log.count("stopped (Ctrl-C)") == 1 and "Application shutdown complete" in log
+    assert "exited unexpectedly" not in log, log[-3000:]  # vLLM's engine monitor took the exit as expected
     # nothing from this process's interpreter teardown after its last line (objects still frozen out of
     # the garbage collector's reach then outlive it, and triton's bindings print a report of "leaked"
-    # ones); vLLM's processes may still log their own exit, each line with its "(Name pid=N)" prefix
+    # ones), nor from its resource tracker (shared memory an engine core killed mid-teardown never
+    # unlinked); vLLM's processes may still log their own exit, each line with its "(Name pid=N)" prefix
     after = log[log.index("stopped (Ctrl-C)"):].splitlines()[1:]
     assert all(re.match(r"\(\w+ pid=\d+\) ", line) for line in after if line.strip()), "\n".join(after)[:2000]
