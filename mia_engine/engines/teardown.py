@@ -49,9 +49,9 @@ def catches_sigterm(pid: int) -> bool | None:
 def await_begun_teardowns(llm: Any, timeout_s: float | None = None) -> list[int]:
     """Wait (up to ``timeout_s`` in all; default ``teardown_timeout_s()``) for each live engine core of
     ``llm`` (an ``AsyncLLM``) that no longer catches SIGTERM, i.e. is already tearing down; return the
-    pids waited for. An engine core still catching
-    SIGTERM is left to vLLM's shutdown, whose SIGTERM its handler turns into an orderly stop; one that
-    ``llm`` does not run itself (e.g. under Ray) is not looked at."""
+    pids waited for. An engine core still catching SIGTERM is left to vLLM's shutdown, whose SIGTERM its
+    handler turns into an orderly stop; one that ``llm`` does not run itself (e.g. under Ray) is not
+    looked at."""
     resources = getattr(getattr(llm, "engine_core", None), "resources", None)
     processes: list[BaseProcess] = list(getattr(getattr(resources, "engine_manager", None), "processes", None)
                                         or [])
