@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,8 +42,9 @@ def refused_serve(tmp_path: Path, *overrides: str) -> subprocess.CompletedProces
                           env={"MIA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
 
 
-def live_members(pgid: int) -> list[str]:
-    """The processes of group ``pgid`` still running ("pid name"; zombies awaiting their reaper excluded)."""
+def _members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, name) of each process of group ``pgid`` still running (zombies awaiting their reaper
+    excluded)."""
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -50,8 +53,13 @@ def live_members(pgid: int) -> list[str]:
             continue
         name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
         if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(f"{stat.parent.name} {name}")
+            members.append((int(stat.parent.name), name))
     return members
+
+
+def live_members(pgid: int) -> list[str]:
+    """The processes of group ``pgid`` still running, as "pid name"."""
+    return [f"{pid} {name}" for pid, name in _members(pgid)]
 
 
 def wait_group_exit(pgid: int, timeout_s: float = GROUP_EXIT_S) -> list[str]:
@@ -62,3 +70,32 @@ def wait_group_exit(pgid: int, timeout_s: float = GROUP_EXIT_S) -> list[str]:
     while (members := live_members(pgid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return members
+
+
+def shared_memory_of(pgid: int) -> set[Path]:
+    """The ``/dev/shm`` files of the running processes of group ``pgid``: those mapped (vLLM's queues
+    between its engine core and workers) and joblib's semaphores, named after the pid that made them."""
+    files = set()
+    for pid, _ in _members(pgid):
+        files.update(Path("/dev/shm").glob(f"sem.loky-{pid}-*"))
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/") and not fields[5].endswith("(deleted)"):
+                files.add(Path(fields[5]))
+    return files
+
+
+def crash_group(process: subprocess.Popen) -> None:
+    """SIGKILL the whole process group ``process`` leads (a server started with ``new_session``), as a
+    power cut would, then remove the shared memory its processes had mapped: the resource tracker that
+    would have removed it dies with them, and the test machine's ``/dev/shm`` would keep it."""
+    files = shared_memory_of(process.pid)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert not wait_group_exit(process.pid)
+    for file in files:
+        file.unlink(missing_ok=True)

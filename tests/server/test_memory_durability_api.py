@@ -3,14 +3,13 @@ the server's whole process group. The oversized write must be refused (413), the
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import start_server, stop_server, wait_ready
+from tests.processes import crash_group
 
 MAX_RECORD_BYTES = 64 * 1024
 ADD = {"question": "Which river flows through Vienna?", "workflow_summary": "1. **search** (-> Danube)",
@@ -32,8 +31,7 @@ def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(tmp
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "record_too_large", huge.text
         small = _add(server, ADD)
         assert small.status_code == 200
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(timeout=30)
+        crash_group(server.process)
     finally:
         if server.process.poll() is None:
             stop_server(server)

@@ -4,8 +4,6 @@ the damaged bytes are kept in a side file, and the log names their offset and si
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 
 import httpx
@@ -14,6 +12,7 @@ import pytest
 from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME
 
 from tests.conftest import start_server, stop_server, wait_ready
+from tests.processes import crash_group
 
 NUM_ADDS = 30
 
@@ -33,8 +32,7 @@ def test_a_flipped_byte_mid_journal_loses_only_its_record(tmp_path: Path) -> Non
     try:
         wait_ready(server)
         ids = [_add(server, i) for i in range(NUM_ADDS)]
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(timeout=30)
+        crash_group(server.process)
     finally:
         if server.process.poll() is None:
             stop_server(server)
