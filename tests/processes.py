@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 GROUP_EXIT_S = 30
 """Seconds the rest of a server's process group (vLLM's processes, the resource tracker) may take to exit
 after the server has."""
@@ -42,24 +44,21 @@ def refused_serve(tmp_path: Path, *overrides: str) -> subprocess.CompletedProces
                           env={"MIA_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
 
 
-def _members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, name) of each process of group ``pgid`` still running (zombies awaiting their reaper
-    excluded)."""
+def _members(pgid: int) -> list[psutil.Process]:
+    """The processes of group ``pgid`` still running (zombies awaiting their reaper excluded)."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for process in psutil.process_iter(["name", "status"]):
         try:
-            text = stat.read_text()
-        except OSError:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process)
+        except (ProcessLookupError, psutil.Error):
             continue
-        name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append((int(stat.parent.name), name))
     return members
 
 
 def live_members(pgid: int) -> list[str]:
     """The processes of group ``pgid`` still running, as "pid name"."""
-    return [f"{pid} {name}" for pid, name in _members(pgid)]
+    return [f"{process.pid} {process.info['name']}" for process in _members(pgid)]
 
 
 def wait_group_exit(pgid: int, timeout_s: float = GROUP_EXIT_S) -> list[str]:
@@ -76,16 +75,12 @@ def shared_memory_of(pgid: int) -> set[Path]:
     """The ``/dev/shm`` files of the running processes of group ``pgid``: those mapped (vLLM's queues
     between its engine core and workers) and joblib's semaphores, named after the pid that made them."""
     files = set()
-    for pid, _ in _members(pgid):
-        files.update(Path("/dev/shm").glob(f"sem.loky-{pid}-*"))
+    for process in _members(pgid):
+        files.update(Path("/dev/shm").glob(f"sem.loky-{process.pid}-*"))
         try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
+            files.update(Path(m.path) for m in process.memory_maps() if m.path.startswith("/dev/shm/"))
+        except psutil.Error:
             continue
-        for line in maps.splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith("/dev/shm/") and not fields[5].endswith("(deleted)"):
-                files.add(Path(fields[5]))
     return files
 
 
