@@ -4,8 +4,6 @@ instead of the server answering 503 for good."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import psutil
 import pytest
 
 from tests.conftest import ServerHandle, start_server, wait_ready
+from tests.processes import crash_group
 
 EXIT_WITHIN_S = 10.0
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
@@ -46,8 +45,7 @@ def test_a_killed_engine_core_ends_the_server(tmp_path: Path) -> None:
         elapsed = time.monotonic() - killed
     finally:
         if server.process.poll() is None:
-            os.killpg(server.process.pid, signal.SIGKILL)
-            server.process.wait()
+            crash_group(server.process)
     log = server.log_path.read_text(errors="replace")
     assert code == 1 and elapsed < EXIT_WITHIN_S, (code, elapsed, log[-3000:])
     lines = _error_lines(server)
