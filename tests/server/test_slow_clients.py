@@ -20,7 +20,7 @@ from mia_engine.server.deadlines import BodyTimeout, DeadlineMiddleware
 from tests.conftest import ServerHandle, _serve_tiny
 
 BODY_TIMEOUT_S = 4.0
-SEND_TIMEOUT_S = 4.0
+SEND_TIMEOUT_S = 10.0  # past QUEUE_WAIT_S and the attack's start: no queued stream reaches the engine while we time
 QUEUE_WAIT_S = 6.0
 SEND_BUFFER_BYTES = 65536
 PER_CLIENT = 2
@@ -99,17 +99,19 @@ def _slots(server: ServerHandle) -> dict[str, float]:
             if name.startswith(("mia_admission_running{", "mia_admission_queued{"))}
 
 
+def _is_stalled(seen: dict[str, float]) -> bool:
+    """The attack's streams hold their slots with nothing left to generate (the engine idle, the answers
+    stuck in the buffers)."""
+    return seen.get("mia_admission_running{model:planner}", 0) >= PER_CLIENT * len(STREAM_ADDRESSES) \
+        and not any(name.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")) for name in seen)
+
+
 def _wait_for_stall(server: ServerHandle, timeout_s: float) -> dict[str, float]:
-    """Wait until the attack's streams hold their slots with nothing left to generate (the engine idle, the
-    answers stuck in the buffers); the metrics seen last."""
+    """Wait until ``_is_stalled``; the metrics seen last."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        seen = _scrape(server)
-        is_stalled = seen.get("mia_admission_running{model:planner}", 0) >= PER_CLIENT * len(STREAM_ADDRESSES) \
-            and not any(name.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")) for name in seen)
-        if is_stalled or time.monotonic() > deadline:
-            return seen
+    while not _is_stalled(seen := _scrape(server)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    return seen
 
 
 @pytest.mark.timeout(300)  # the server's start (the fixture) counts; the test itself runs in ~20 s
@@ -117,24 +119,29 @@ def test_stalled_streams_and_trickled_bodies_starve_nobody_and_free_every_slot(d
     server = deadline_server
     idle_s = statistics.median(_chat_seconds(server, 30) for _ in range(5))
     sockets: list[socket.socket] = []
+    attacked = time.monotonic()
     try:
         for i in range(max(NUM_STREAMS, NUM_SLOW_BODIES)):
             if i < NUM_STREAMS:
                 sockets.append(_open_stream_that_never_reads(server, STREAM_ADDRESSES[i % len(STREAM_ADDRESSES)]))
             if i < NUM_SLOW_BODIES:
                 sockets.append(_open_body_that_never_ends(server, BODY_ADDRESSES[i % len(BODY_ADDRESSES)]))
-        attacked = time.monotonic()
-        held = {k: v for k, v in _wait_for_stall(server, SEND_TIMEOUT_S).items() if k.startswith("mia_admission")}
+        seen = _wait_for_stall(server, SEND_TIMEOUT_S / 2)
+        held = {k: v for k, v in seen.items() if k.startswith(("mia_admission", "vllm:num_requests"))}
+        assert _is_stalled(seen), f"the attack's streams did not stall: {held}"
         assert held.get("mia_admission_running{server:bodies}", 0) >= PER_CLIENT * 4, held  # the attack is on
         busy_s = statistics.median(_chat_seconds(server, 10 * idle_s + 5) for _ in range(3))
+        # a stalled stream is cut SEND_TIMEOUT_S after it stalls at the soonest, and a queued one takes its slot
+        timed_s = time.monotonic() - attacked
+        assert timed_s < SEND_TIMEOUT_S, f"timed until {timed_s:.1f} s: a queued stream may have run meanwhile"
         assert busy_s <= 2 * idle_s, f"a chat request took {busy_s:.3f} s under attack, {idle_s:.3f} s idle"
         bound_s = QUEUE_WAIT_S + max(BODY_TIMEOUT_S, SEND_TIMEOUT_S) + SLACK_S
         while (held := _slots(server)) and time.monotonic() - attacked < bound_s:
             time.sleep(0.2)  # the attackers stay connected: only the deadlines can free their slots
         freed_s = time.monotonic() - attacked
         assert held == {}, f"slots still held {freed_s:.1f} s after the attack began: {held}"
-        print(f"\nidle {idle_s * 1000:.0f} ms, under attack {busy_s * 1000:.0f} ms, every slot free "
-              f"{freed_s:.1f} s after the attack began")
+        print(f"\nidle {idle_s * 1000:.0f} ms, under attack {busy_s * 1000:.0f} ms (until {timed_s:.1f} s), "
+              f"every slot free {freed_s:.1f} s after the attack began")
     finally:
         for sock in sockets:
             sock.close()
