@@ -20,7 +20,7 @@ from mia_engine.server.deadlines import BodyTimeout, DeadlineMiddleware
 from tests.conftest import ServerHandle, _serve_tiny
 
 BODY_TIMEOUT_S = 4.0
-SEND_TIMEOUT_S = 10.0  # past QUEUE_WAIT_S and the attack's start: no queued stream reaches the engine while we time
+SEND_TIMEOUT_S = 15.0  # well past QUEUE_WAIT_S and the stall: no queued stream reaches the engine while we time
 QUEUE_WAIT_S = 6.0
 SEND_BUFFER_BYTES = 65536
 PER_CLIENT = 2
