@@ -52,9 +52,10 @@ class LimitsConfig(Frozen):
     max_grammar_cost: int = 400
     """Largest estimated grammar-compile cost of one request's constraint (its JSON schema, its tools'
     schemas together, or its regex), in units of about a millisecond of xgrammar compile on a 32k-token
-    vocabulary (``server/grammar_cost.py``): wide schemas under the byte cap (long regex repeats, long
-    ``maxLength``, hundreds of optional properties) would hold the engine's compiler for seconds. Compile
-    time grows with the vocabulary: lower it for a larger one."""
+    vocabulary (``server/grammar_cost.py``): wide schemas under the byte cap (long regex repeats, nested
+    variable-length repeats, hundreds of optional properties) would hold the engine's compiler for seconds.
+    Compile time grows with the vocabulary, so a model with more tokens (its ``config.json``) has each cost
+    scaled up in proportion."""
     max_choices: int = 64
     """Most ``structured_outputs.choice`` strings."""
     max_choice_chars: int = 256

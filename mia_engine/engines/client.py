@@ -135,6 +135,10 @@ class EngineClient(Protocol):
         context left after the prompt. Raises ``ContextLengthError`` when the prompt leaves no room."""
         ...
 
+    def vocab_size(self, model: str) -> int:
+        """The vocabulary of ``model``'s engine in tokens; 0 when unknown (or no such model)."""
+        ...
+
     def supports_images(self, model: str) -> bool:
         """Requests to ``model`` may carry images (its engine serves a vision-language model)."""
         ...

@@ -175,6 +175,10 @@ class RoleServer:
                 f"{prompt_len + requested} tokens ({prompt_len} in the messages, {requested} in the completion).")
         return requested
 
+    def vocab_size(self, model: str) -> int:
+        target = self._targets.get(model)
+        return target.engine.vocab_size if target is not None else 0
+
     def supports_images(self, model: str) -> bool:
         target = self._targets.get(model)
         return target is not None and target.engine.supports_images

@@ -39,12 +39,21 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def has_vision_tower(model_dir: Path) -> bool:
-    """The model folder's ``config.json`` describes a vision tower (a vision-language model)."""
+def hf_config(model_dir: Path) -> dict[str, Any]:
+    """The model folder's ``config.json`` ({} when it cannot be read)."""
     try:
-        return "vision_config" in json.loads((model_dir / "config.json").read_text())
+        config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def vocab_size(config: dict[str, Any]) -> int:
+    """The vocabulary in tokens of a model's ``config.json`` (``vocab_size``, or its ``text_config``'s for a
+    vision-language model); 0 when it does not say."""
+    text = config.get("text_config")
+    size = config.get("vocab_size") or (text.get("vocab_size") if isinstance(text, dict) else None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 def executor_backend(config: EngineConfig) -> str | None:
@@ -113,8 +122,11 @@ class VLLMEngine:
         self.config = config
         self.model_dir = model_dir
         self.max_lora_rank = config.max_lora_rank
-        self.supports_images = has_vision_tower(model_dir) and not config.language_model_only
+        model_config = hf_config(model_dir)
+        self.supports_images = "vision_config" in model_config and not config.language_model_only
         """Requests may carry images: the model has a vision tower and the engine serves it."""
+        self.vocab_size = vocab_size(model_config)
+        """The model's vocabulary in tokens (0: unknown): structured-output grammars compile slower on a larger one."""
         self.tokenizer: Any = None
         self._tokenizer_threads = ThreadPoolExecutor(config.tokenizer_threads, thread_name_prefix=f"tokenizer-{name}")
         self.dtype = config.dtype

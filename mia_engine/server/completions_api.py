@@ -115,7 +115,7 @@ class CompletionHandlers:
         if body.echo and body.logprobs is not None:
             raise BadRequest("echo with logprobs (the prompt's log-probs) is not supported.", param="echo")
         check_stop(body.stop, limits)
-        check_structured(body, limits)
+        check_structured(body, limits, self._client.vocab_size(body.model))
 
     async def _prepare(self, body: CompletionRequest) -> PreparedCompletion:
         options = _options(body)

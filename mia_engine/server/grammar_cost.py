@@ -2,13 +2,15 @@
 alone (no compile), so a request whose grammar would hold the compiler for long is refused before it is
 admitted.
 
-The unit is roughly a millisecond of xgrammar compile (grammar, then the token-mask cache) on a mid-sized
-vocabulary; compile time grows with the vocabulary, so ``LimitsConfig.max_grammar_cost`` is the knob. What
-costs (each measured with xgrammar, the engines' backend): a regex repeat expands into one grammar
-element per repetition (``[a-z]{4000}`` is 4000 character classes, nested repeats multiply), string
-lengths (``maxLength``) likewise but more cheaply, optional object properties grow about with the square of
-their number, and numeric ranges and ``format`` each become a regex of their own. Enums, ``minItems`` /
-``maxItems`` and plain nodes are cheap (they are bounded by the schema's byte cap and counted as nodes).
+The unit is roughly a millisecond of xgrammar compile (grammar, then the token-mask cache) on a vocabulary
+of ``REFERENCE_VOCAB`` tokens; a larger vocabulary scales every cost up in proportion (``vocab_factor``), and
+``LimitsConfig.max_grammar_cost`` is the budget. What costs (each measured with xgrammar, the engines'
+backend): a regex repeat expands into one grammar element per repetition (``[a-z]{4000}`` is 4000
+character classes, nested repeats multiply), a variable-length group under a counted repeat grows with the
+square of its expansion, string lengths (``maxLength``) cost like repeats but more cheaply, optional object
+properties grow about with the square of their number, and numeric ranges and ``format`` each become a
+regex of their own. Enums, ``minItems`` / ``maxItems`` and plain nodes are cheap (they are bounded by the
+schema's byte cap and counted as nodes).
 """
 
 from __future__ import annotations
@@ -29,13 +31,27 @@ NODE_COST = 0.05
 """Any schema object (a subschema)."""
 OPTIONAL_SQUARED_COST = 1 / 1000
 """Times the square of an object's optional properties (their orders multiply the grammar's states)."""
+NESTED_SQUARED_COST = 0.65
+"""Times the square of the expanded size of a variable-length group repeated a counted number of times
+(``(.?){30}``, ``(.{0,10}){10}``): a position can be reached along many splits between the repetitions,
+so the compile grows with the square of the expansion rather than with the expansion."""
 HUGE = 10**9
 """A repeat count too long to read (more than nine digits): over any budget."""
+REFERENCE_VOCAB = 32768
+"""The vocabulary size (tokens) the unit is measured on; a larger vocabulary scales every cost up."""
+
+
+def vocab_factor(vocab_size: int) -> float:
+    """How much dearer a compile is on a ``vocab_size``-token vocabulary than on ``REFERENCE_VOCAB``:
+    the token-mask cache checks every token in every state, so it grows with the vocabulary. Never below
+    one, so a small vocabulary does not raise the budget."""
+    return max(1.0, vocab_size / REFERENCE_VOCAB)
 
 
 def regex_cost(pattern: str) -> float:
-    """The expanded size of ``pattern``: literals and classes weighted, repeats multiplied (``*``, ``+``
-    and ``?`` are loops, counted once). Unbalanced or odd syntax is read leniently: the engine refuses
+    """The expanded size of ``pattern``: literals and classes weighted, repeats multiplied (``*`` and ``+``
+    are loops, counted once), and a variable-length group under a counted repeat priced by the square of
+    its expansion (``NESTED_SQUARED_COST``). Unbalanced or odd syntax is read leniently: the engine refuses
     invalid patterns itself."""
     frames = [_Frame()]
     i, n = 0, len(pattern)
@@ -55,18 +71,20 @@ def regex_cost(pattern: str) -> float:
             i = _group_start(pattern, i)
         elif char == ")" and len(frames) > 1:
             frames.pop()
-            frames[-1].atom(top.total())
+            frames[-1].group(top)
         elif char == "|":
             top.branch()
         elif char == "{" and (end := pattern.find("}", i)) > i and _is_repeat(pattern[i + 1:end]):
-            top.repeat(_repeat_count(pattern[i + 1:end]))
+            top.repeat(*_repeat_bounds(pattern[i + 1:end]))
             i = end
+        elif char == "?" and i > 0 and pattern[i - 1] not in "*+?}(|":
+            top.optional()
         elif char not in "*+?^$":
             top.atom(LITERAL_COST)
         i += 1
     while len(frames) > 1:
         inner = frames.pop()
-        frames[-1].atom(inner.total())
+        frames[-1].group(inner)
     return frames[0].total()
 
 
@@ -110,25 +128,51 @@ def _is_number(value: Any) -> bool:
 
 
 class _Frame:
-    """A group being read: its finished alternatives, the current one, and the last atom's cost (what
-    a quantifier repeats)."""
+    """A group being read: its finished alternatives, the current one, and the last atom (what a
+    quantifier repeats): its cost, its expanded size and whether its length varies."""
 
     def __init__(self) -> None:
         self.branches = 0.0
         self.current = 0.0
         self.last = 0.0
+        self.sizes = 0.0
+        """The expanded size of the finished alternatives and the current one (classes and literals
+        weighted as in the cost, repeats multiplied, never squared)."""
+        self.last_size = 0.0
+        self.last_variable = False
+        self.variable = False
+        """Some atom of the group has a variable length (``?`` or a ``{m,n}`` with m < n)."""
 
-    def atom(self, cost: float) -> None:
+    def atom(self, cost: float, size: float | None = None, variable: bool = False) -> None:
+        size = cost if size is None else size
         self.current += cost
-        self.last = cost
+        self.sizes += size
+        self.last, self.last_size, self.last_variable = cost, size, variable
+        self.variable |= variable
 
-    def repeat(self, count: int) -> None:
-        self.current += self.last * (count - 1)
-        self.last *= count
+    def group(self, inner: _Frame) -> None:
+        """A closed group as one atom (its size: its alternatives' expansions together)."""
+        self.atom(inner.total(), inner.sizes, inner.variable)
+
+    def optional(self) -> None:
+        self.last_variable = self.variable = True
+
+    def repeat(self, low: int, high: int) -> None:
+        size = self.last_size * high
+        if self.last_variable and high > 1:
+            cost = NESTED_SQUARED_COST * size * size
+        else:
+            cost = self.last * high
+        self.current += cost - self.last
+        self.sizes += size - self.last_size
+        self.last, self.last_size = cost, size
+        self.last_variable = self.last_variable or low < high
+        self.variable |= self.last_variable
 
     def branch(self) -> None:
         self.branches += self.current
-        self.current = self.last = 0.0
+        self.current = self.last = self.last_size = 0.0
+        self.last_variable = False
 
     def total(self) -> float:
         return self.branches + self.current
@@ -161,8 +205,13 @@ def _is_repeat(body: str) -> bool:
     return low.isdigit() and (high == "" or high.isdigit()) and all(c.isascii() for c in body)
 
 
-def _repeat_count(body: str) -> int:
-    """How many times ``{body}`` repeats: the upper bound, or the lower one when open (``{m,}``)."""
+def _repeat_bounds(body: str) -> tuple[int, int]:
+    """The bounds of ``{body}``: (m, n) of ``{m,n}``, (m, m) of ``{m}`` and of an open ``{m,}`` (its loop
+    is counted once)."""
     low, comma, high = body.partition(",")
     count = high if comma and high else low
-    return int(count) if len(count) <= 9 else HUGE
+    return _number(low), _number(count)
+
+
+def _number(digits: str) -> int:
+    return int(digits) if len(digits) <= 9 else HUGE

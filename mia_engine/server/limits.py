@@ -7,7 +7,7 @@ import msgspec
 from ..config import LimitsConfig
 from .errors import BadRequest
 from .completion_bodies import CompletionRequest
-from .grammar_cost import regex_cost, schema_cost
+from .grammar_cost import regex_cost, schema_cost, vocab_factor
 from .openai_bodies import ChatCompletionRequest
 
 
@@ -15,8 +15,9 @@ def _over(param: str, what: str, limit: int) -> BadRequest:
     return BadRequest(f"{what} is more than this server allows ({limit}).", param=param, code="limit_exceeded")
 
 
-def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
-    """Every per-request cap of ``LimitsConfig`` that a chat body can break (``n`` is the caller's)."""
+def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig, vocab_size: int = 0) -> None:
+    """Every per-request cap of ``LimitsConfig`` that a chat body can break (``n`` is the caller's);
+    ``vocab_size``: the requested model's vocabulary in tokens (0: unknown), which scales grammar costs."""
     for param in ("max_tokens", "max_completion_tokens"):
         value = getattr(request, param)
         if value is not None and value > limits.max_tokens:
@@ -24,9 +25,9 @@ def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig) -> N
     if request.rollouts is not None and request.rollouts > limits.max_rollouts:
         raise _over("rollouts", f"rollouts = {request.rollouts}", limits.max_rollouts)
     check_stop(request.stop, limits)
-    check_structured(request, limits)
+    check_structured(request, limits, vocab_size)
     if request.tools:  # under tool_choice required, every tool's schema is compiled together into one grammar
-        _check_schema("tools", [tool.function.parameters for tool in request.tools], limits)
+        _check_schema("tools", [tool.function.parameters for tool in request.tools], limits, vocab_size)
     _check_ground_truth(request.ground_truth, limits)
 
 
@@ -38,24 +39,26 @@ def check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
         raise _over("stop", "A stop sequence's length", limits.max_stop_chars)
 
 
-def check_structured(request: ChatCompletionRequest | CompletionRequest, limits: LimitsConfig) -> None:
+def check_structured(request: ChatCompletionRequest | CompletionRequest, limits: LimitsConfig,
+                     vocab_size: int = 0) -> None:
+    """The size and estimated compile cost of a request's structured-output constraint."""
     so, fmt = request.structured_outputs, request.response_format
     if so is not None:
         if so.regex is not None and len(so.regex) > limits.max_regex_chars:
             raise _over("structured_outputs.regex", "The regex's length", limits.max_regex_chars)
         if so.regex is not None:
-            _check_cost("structured_outputs.regex", "The regex", regex_cost(so.regex), limits)
+            _check_cost("structured_outputs.regex", "The regex", regex_cost(so.regex), limits, vocab_size)
         if so.choice is not None:
             if len(so.choice) > limits.max_choices:
                 raise _over("structured_outputs.choice", f"{len(so.choice)} choices", limits.max_choices)
             if any(len(c) > limits.max_choice_chars for c in so.choice):
                 raise _over("structured_outputs.choice", "A choice's length", limits.max_choice_chars)
-        _check_schema("structured_outputs.json", so.json, limits)
+        _check_schema("structured_outputs.json", so.json, limits, vocab_size)
     if fmt is not None and fmt.json_schema is not None:
-        _check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits)
+        _check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits, vocab_size)
 
 
-def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsConfig) -> None:
+def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsConfig, vocab_size: int) -> None:
     if schema is None:
         return
     size = len(schema.encode()) if isinstance(schema, str) else len(msgspec.json.encode(schema))
@@ -66,13 +69,16 @@ def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsCo
             schema = msgspec.json.decode(schema)
         except (msgspec.DecodeError, RecursionError):
             return  # refused as invalid JSON when the constraint is read
-    _check_cost(param, "The JSON schema", schema_cost(schema), limits)
+    _check_cost(param, "The JSON schema", schema_cost(schema), limits, vocab_size)
 
 
-def _check_cost(param: str, what: str, cost: float, limits: LimitsConfig) -> None:
+def _check_cost(param: str, what: str, cost: float, limits: LimitsConfig, vocab_size: int) -> None:
     """A constraint whose grammar would hold the engine's grammar compiler for long (``grammar_cost``)."""
-    if cost > limits.max_grammar_cost:
-        raise _over(param, f"{what}'s grammar (estimated compile cost {cost:.0f})", limits.max_grammar_cost)
+    factor = vocab_factor(vocab_size)
+    if cost * factor > limits.max_grammar_cost:
+        on = f" on this model's {vocab_size}-token vocabulary" if factor > 1 else ""
+        raise _over(param, f"{what}'s grammar (estimated compile cost {cost * factor:.0f}{on})",
+                    limits.max_grammar_cost)
 
 
 def _check_ground_truth(truth: str | list[str] | None, limits: LimitsConfig) -> None:

@@ -10,8 +10,9 @@ import httpx
 import msgspec
 import pytest
 
-from mia_engine.config import LimitsConfig
-from mia_engine.models.tiny import build_tiny
+from bench.grammar_compile import FAMILIES, largest_accepted
+from mia_engine.config import LimitsConfig, load_config
+from mia_engine.models.tiny import VOCAB_SIZE, build_tiny
 from mia_engine.server.errors import BadRequest
 from mia_engine.server.limits import check_chat_limits
 from mia_engine.server.openai_bodies import ChatCompletionRequest
@@ -106,31 +107,20 @@ def test_publish_paths_the_os_refuses_are_400(tiny_server, name: str) -> None:
     _assert_refused(_post(tiny_server, "/adapters/planner", {"path": path}, key=tiny_server.admin_key), 400, "path")
 
 
-def _wide_schemas() -> list[tuple[str, dict]]:
-    """Schemas that are cheap to send and (unbounded) slow to compile, each family from small to the byte cap."""
+def _widest_accepted() -> list[tuple[str, object]]:
+    """Each wide-schema family (``bench/grammar_compile.py``) at the largest size this server accepts for a
+    vocabulary of the tiny model's size, and the nested regex repeats that held the compiler for seconds."""
     cases = []
-    for k in (50, 200, 400, 1000, 3000, 10000):
-        cases += [(f"pattern .{{0,{k}}}", {"type": "string", "pattern": f".{{0,{k}}}"}),
-                  (f"pattern a{{{k}}}", {"type": "string", "pattern": f"a{{{k}}}"}),
-                  (f"maxLength {k * 20}", {"type": "string", "maxLength": k * 20})]
-    for k in (100, 400, 800, 1400):
-        cases += [(f"{k} optional properties", {"type": "object", "properties": {str(i): {} for i in range(k)}})]
-    for k in (10, 60, 200):
-        cases += [(f"{k} integer ranges", {"type": "object", "required": [f"p{i}" for i in range(k)], "properties": {
-                      f"p{i}": {"type": "integer", "minimum": -987654321 + i, "maximum": 98765432 - i}
-                      for i in range(k)}}),
-                  (f"{k} formats", {"type": "object", "required": [f"p{i}" for i in range(k)], "properties": {
-                      f"p{i}": {"type": "string", "format": "date-time"} for i in range(k)}}),
-                  (f"{k} patterns [a-z]{{100}}", {"type": "object", "required": [f"p{i}" for i in range(k)],
-                                                  "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{100}"}
-                                                                 for i in range(k)}})]
-    cases += [("nested repeats", {"type": "string", "pattern": "((.{0,20}){20}){20}"}),
-              ("2000-value enum", {"enum": [f"v{i}" for i in range(2000)]}),
-              ("minItems 10000", {"type": "array", "items": {"type": "integer"}, "minItems": 10000}),
-              ("300 anyOf", {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}},
-                                        "required": [f"k{i}"]} for i in range(300)]})]
-    return [(name, schema) for name, schema in cases
-            if len(msgspec.json.encode(schema)) <= LIMITS.max_json_schema_bytes]
+    for name, family in FAMILIES.items():
+        k = largest_accepted(family, LIMITS, VOCAB_SIZE)
+        if k is not None:
+            cases.append((f"{name}, k = {k}", family(k)))
+    return cases + [(pattern, {"type": "string", "pattern": pattern}) for pattern in NESTED_REPEATS]
+
+
+NESTED_REPEATS = ["(.{0,10}){10}", "(.?){30}", "((.{0,7}){7}){7}", "([^x]{0,12}){12}"]
+"""Variable-length groups under counted repeats: 7 s to over 30 s of compile each, unrefused, before
+their cost was priced by the square of their expansion."""
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +135,7 @@ def grammar_compiler(tmp_path_factory: pytest.TempPathFactory):
     return xgr.GrammarCompiler(info, max_threads=8, cache_enabled=False)
 
 
-@pytest.mark.parametrize("name, schema", _wide_schemas(), ids=[name for name, _ in _wide_schemas()])
+@pytest.mark.parametrize("name, schema", _widest_accepted(), ids=[name for name, _ in _widest_accepted()])
 def test_a_wide_schema_is_refused_or_compiles_within_a_second(grammar_compiler, name: str, schema: dict) -> None:
     """No accepted schema holds the grammar compiler for a second (the engine's validation and its compile,
     as the tiny config runs them: xgrammar, compact JSON)."""
@@ -169,6 +159,7 @@ def test_a_wide_schema_is_refused_or_compiles_within_a_second(grammar_compiler, 
     ({"structured_outputs": {"json": {"type": "object", "properties": {str(i): {} for i in range(1400)}}}},
      "structured_outputs.json"),
     ({"structured_outputs": {"regex": "[^x]{0,4000}[^y]{0,4000}"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "(.{0,10}){10}"}}, "structured_outputs.regex"),
     ({"tools": [{"type": "function", "function": {"name": f"f{i}", "parameters": {
         "type": "object", "properties": {"s": {"type": "string", "maxLength": 10000}}}}} for i in range(4)],
       "tool_choice": "required"}, "tools"),
@@ -178,3 +169,31 @@ def test_an_expensive_grammar_is_refused_before_the_engine(tiny_server, extra: d
                                                         **extra})
     _assert_refused(response, 400, param)
     assert response.elapsed.total_seconds() < 1
+
+
+def _schema_request(schema: dict) -> ChatCompletionRequest:
+    return msgspec.convert({"model": "planner", "messages": PROMPT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}, ChatCompletionRequest)
+
+
+def test_a_larger_vocabulary_lowers_what_a_grammar_may_cost() -> None:
+    """The token-mask cache checks every token: a schema accepted for a model of up to 32k tokens is refused
+    for a Qwen3-sized vocabulary, and the refusal names the vocabulary; a small or unknown one (0) keeps
+    the budget."""
+    request = _schema_request({"type": "string", "pattern": "[a-z]{200}"})  # estimated 200
+    for vocab_size in (0, 2048, 32768):
+        check_chat_limits(request, LIMITS, vocab_size)
+    with pytest.raises(BadRequest) as refused:
+        check_chat_limits(request, LIMITS, 151936)
+    assert refused.value.param == "response_format.json_schema.schema"
+    assert "151936-token vocabulary" in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("fixture, vocab_size", [("qwen3-8b", 151936), ("qwen2_5-vl-7b", 152064)])
+def test_an_engine_knows_its_vocabulary_from_its_model_folder(fixture: str, vocab_size: int) -> None:
+    """The 8-GPU config's models (their config.json): what the grammar budget is scaled by."""
+    from mia_engine.engines.vllm_engine import VLLMEngine
+    config = load_config("tiny").engines["tiny"]
+    engine = VLLMEngine("model", config, Path(__file__).parents[1] / "deploy" / "fixtures" / fixture)
+    assert engine.vocab_size == vocab_size
+    assert engine.supports_images == (fixture == "qwen2_5-vl-7b")
