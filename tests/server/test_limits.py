@@ -119,8 +119,8 @@ def _widest_accepted() -> list[tuple[str, object]]:
 
 
 NESTED_REPEATS = ["(.{0,10}){10}", "(.?){30}", "((.{0,7}){7}){7}", "([^x]{0,12}){12}"]
-"""Variable-length groups under counted repeats: 7 s to over 30 s of compile each, unrefused, before
-their cost was priced by the square of their expansion."""
+"""Variable-length groups under counted repeats, accepted while the estimate priced them as their expansion
+(their compile grows with its square: bench/RESULTS.md, "Admission under load")."""
 
 
 @pytest.fixture(scope="module")
