@@ -6,10 +6,10 @@ The unit is roughly a millisecond of xgrammar compile (grammar, then the token-m
 of ``REFERENCE_VOCAB`` tokens; a larger vocabulary scales every cost up in proportion (``vocab_factor``), and
 ``LimitsConfig.max_grammar_cost`` is the budget. What costs (each measured with xgrammar, the engines'
 backend): a regex repeat expands into one grammar element per repetition (``[a-z]{4000}`` is 4000
-character classes, nested repeats multiply), a variable-length group under a counted repeat grows with the
-square of its expansion, string lengths (``maxLength``) cost like repeats but more cheaply, optional object
-properties grow about with the square of their number, and numeric ranges and ``format`` each become a
-regex of their own. Enums, ``minItems`` / ``maxItems`` and plain nodes are cheap (they are bounded by the
+character classes, nested repeats multiply), a group of variable-length atoms only under a counted repeat
+grows with the square of its expansion, string lengths (``maxLength``) cost like repeats but more cheaply,
+optional object properties grow about with the square of their number, and numeric ranges and ``format``
+each become a regex of their own. Enums, ``minItems`` / ``maxItems`` and plain nodes are cheap (they are bounded by the
 schema's byte cap and counted as nodes).
 """
 
@@ -32,9 +32,10 @@ NODE_COST = 0.05
 OPTIONAL_SQUARED_COST = 1 / 1000
 """Times the square of an object's optional properties (their orders multiply the grammar's states)."""
 NESTED_SQUARED_COST = 0.65
-"""Times the square of the expanded size of a variable-length group repeated a counted number of times
-(``(.?){30}``, ``(.{0,10}){10}``): a position can be reached along many splits between the repetitions,
-so the compile grows with the square of the expansion rather than with the expansion."""
+"""Times the square of the expanded size of a group of variable-length atoms only, repeated a counted number
+of times (``(.?){30}``, ``(.{0,10}){10}``): with no fixed atom to anchor each repetition, a position can be
+reached along many splits between them, so the compile grows with the square of the expansion. One fixed
+atom (``(, "[^"]{1,20}"){0,3}``, ``(a.{0,10}){10}``) keeps it linear."""
 HUGE = 10**9
 """A repeat count too long to read (more than nine digits): over any budget."""
 REFERENCE_VOCAB = 32768
@@ -50,8 +51,8 @@ def vocab_factor(vocab_size: int) -> float:
 
 def regex_cost(pattern: str) -> float:
     """The expanded size of ``pattern``: literals and classes weighted, repeats multiplied (``*`` and ``+``
-    are loops, counted once), and a variable-length group under a counted repeat priced by the square of
-    its expansion (``NESTED_SQUARED_COST``). Unbalanced or odd syntax is read leniently: the engine refuses
+    are loops, counted once), and a group of variable-length atoms only under a counted repeat priced by the
+    square of its expansion (``NESTED_SQUARED_COST``). Unbalanced or odd syntax is read leniently: the engine refuses
     invalid patterns itself."""
     frames = [_Frame()]
     i, n = 0, len(pattern)
@@ -129,7 +130,8 @@ def _is_number(value: Any) -> bool:
 
 class _Frame:
     """A group being read: its finished alternatives, the current one, and the last atom (what a
-    quantifier repeats): its cost, its expanded size and whether its length varies."""
+    quantifier repeats): its cost, its expanded size, whether its length varies, and whether it floats (a
+    group of variable-length atoms only, whose repetitions can split a string anywhere)."""
 
     def __init__(self) -> None:
         self.branches = 0.0
@@ -140,39 +142,48 @@ class _Frame:
         weighted as in the cost, repeats multiplied, never squared)."""
         self.last_size = 0.0
         self.last_variable = False
+        self.last_floats = False
         self.variable = False
         """Some atom of the group has a variable length (``?`` or a ``{m,n}`` with m < n)."""
+        self.fixed = 0
+        """Atoms of a fixed length in the group: one anchors where each repetition of the group starts."""
 
-    def atom(self, cost: float, size: float | None = None, variable: bool = False) -> None:
+    def atom(self, cost: float, size: float | None = None, variable: bool = False, floats: bool = False) -> None:
         size = cost if size is None else size
         self.current += cost
         self.sizes += size
-        self.last, self.last_size, self.last_variable = cost, size, variable
+        self.last, self.last_size, self.last_variable, self.last_floats = cost, size, variable, floats
         self.variable |= variable
+        self.fixed += not variable
 
     def group(self, inner: _Frame) -> None:
         """A closed group as one atom (its size: its alternatives' expansions together)."""
-        self.atom(inner.total(), inner.sizes, inner.variable)
+        self.atom(inner.total(), inner.sizes, inner.variable, inner.variable and not inner.fixed)
 
     def optional(self) -> None:
-        self.last_variable = self.variable = True
+        self._vary()
 
     def repeat(self, low: int, high: int) -> None:
         size = self.last_size * high
-        if self.last_variable and high > 1:
+        if self.last_floats and high > 1:
             cost = NESTED_SQUARED_COST * size * size
         else:
             cost = self.last * high
         self.current += cost - self.last
         self.sizes += size - self.last_size
         self.last, self.last_size = cost, size
-        self.last_variable = self.last_variable or low < high
-        self.variable |= self.last_variable
+        if low < high:
+            self._vary()
+
+    def _vary(self) -> None:
+        """The last atom's length varies from now on."""
+        self.fixed -= not self.last_variable
+        self.last_variable = self.variable = True
 
     def branch(self) -> None:
         self.branches += self.current
         self.current = self.last = self.last_size = 0.0
-        self.last_variable = False
+        self.last_variable = self.last_floats = False
 
     def total(self) -> float:
         return self.branches + self.current
