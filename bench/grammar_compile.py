@@ -33,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.stats import report  # noqa: E402
 from mia_engine.config import LimitsConfig, load_config  # noqa: E402
+from mia_engine.server.errors import BadRequest  # noqa: E402
 from mia_engine.server.grammar_cost import schema_cost, vocab_factor  # noqa: E402
+from mia_engine.server.limits import check_schema  # noqa: E402
 
 Family = Callable[[int], Any]
 
@@ -66,10 +68,13 @@ MAX_K = 10**9
 
 
 def accepted(schema: Any, limits: LimitsConfig, vocab_size: int) -> bool:
-    """The server's two checks of a schema: its byte cap and its estimated compile cost at ``vocab_size``
-    (0: the budget of the estimate's reference vocabulary, whatever the vocabulary)."""
-    return (len(msgspec.json.encode(schema)) <= limits.max_json_schema_bytes
-            and schema_cost(schema) * vocab_factor(vocab_size) <= limits.max_grammar_cost)
+    """The server's check of a schema (its byte cap, its estimated compile cost at ``vocab_size``; 0: the
+    budget of the estimate's reference vocabulary, whatever the vocabulary)."""
+    try:
+        check_schema("schema", schema, limits, vocab_size)
+    except BadRequest:
+        return False
+    return True
 
 
 def largest_accepted(family: Family, limits: LimitsConfig, vocab_size: int) -> int | None:

@@ -27,7 +27,7 @@ def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig, voca
     check_stop(request.stop, limits)
     check_structured(request, limits, vocab_size)
     if request.tools:  # under tool_choice required, every tool's schema is compiled together into one grammar
-        _check_schema("tools", [tool.function.parameters for tool in request.tools], limits, vocab_size)
+        check_schema("tools", [tool.function.parameters for tool in request.tools], limits, vocab_size)
     _check_ground_truth(request.ground_truth, limits)
 
 
@@ -53,12 +53,13 @@ def check_structured(request: ChatCompletionRequest | CompletionRequest, limits:
                 raise _over("structured_outputs.choice", f"{len(so.choice)} choices", limits.max_choices)
             if any(len(c) > limits.max_choice_chars for c in so.choice):
                 raise _over("structured_outputs.choice", "A choice's length", limits.max_choice_chars)
-        _check_schema("structured_outputs.json", so.json, limits, vocab_size)
+        check_schema("structured_outputs.json", so.json, limits, vocab_size)
     if fmt is not None and fmt.json_schema is not None:
-        _check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits, vocab_size)
+        check_schema("response_format.json_schema.schema", fmt.json_schema.schema, limits, vocab_size)
 
 
-def _check_schema(param: str, schema: dict | list | str | None, limits: LimitsConfig, vocab_size: int) -> None:
+def check_schema(param: str, schema: dict | list | str | None, limits: LimitsConfig, vocab_size: int) -> None:
+    """A JSON schema's byte cap and estimated compile cost on a ``vocab_size``-token vocabulary."""
     if schema is None:
         return
     size = len(schema.encode()) if isinstance(schema, str) else len(msgspec.json.encode(schema))
