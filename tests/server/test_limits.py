@@ -135,7 +135,10 @@ def grammar_compiler(tmp_path_factory: pytest.TempPathFactory):
     return xgr.GrammarCompiler(info, max_threads=8, cache_enabled=False)
 
 
-@pytest.mark.parametrize("name, schema", _widest_accepted(), ids=[name for name, _ in _widest_accepted()])
+WIDEST_ACCEPTED = _widest_accepted()
+
+
+@pytest.mark.parametrize("name, schema", WIDEST_ACCEPTED, ids=[name for name, _ in WIDEST_ACCEPTED])
 def test_a_wide_schema_is_refused_or_compiles_within_a_second(grammar_compiler, name: str, schema: dict) -> None:
     """No accepted schema holds the grammar compiler for a second (the engine's validation and its compile,
     as the tiny config runs them: xgrammar, compact JSON)."""
