@@ -115,8 +115,8 @@ class ChatService:
             raise Unavailable(str(err), code="engine_not_ready") from None
         return Generation(first, outputs)
 
-    async def complete(self, chat: PreparedChat, generation: Generation) -> bytes:
-        """A whole (non-streamed) completion, encoded."""
+    async def complete(self, chat: PreparedChat, generation: Generation) -> list[bytes]:
+        """A whole (non-streamed) completion, encoded in parts (a ``JSONPartsResponse``'s body)."""
         finals = generation.first
         async with aclosing(generation.rest) as rest:
             async for deltas in rest:
@@ -126,7 +126,7 @@ class ChatService:
         usage = usage_of(chat, sum(d.num_tokens for d in finals))
         completion = ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage)
         if chat.options.logprobs is None:
-            return msgspec.json.encode(completion)
+            return [msgspec.json.encode(completion)]
         return await encode_with_logprobs(completion, [d.logprobs or [] for d in finals])
 
     async def stream(self, chat: PreparedChat, generation: Generation) -> AsyncIterator[bytes]:
@@ -362,36 +362,46 @@ LOGPROB_TOKENS_PER_SLICE = 128
 with 20 top candidates each)."""
 
 
-async def encode_with_logprobs(completion: ChatCompletion, logprobs: list[list[TokenLogprob]]) -> bytes:
-    """``completion`` encoded with each choice's log-probs (``logprobs[i]`` for ``choices[i]``), slice by
-    slice, giving the event loop a turn between slices: n = 16 choices of 4096 tokens with 20 top
-    candidates are over a million objects (in a thread they would still hold the GIL)."""
-    parts = []
+async def encode_with_logprobs(completion: ChatCompletion, logprobs: list[list[TokenLogprob]]) -> list[bytes]:
+    """``completion`` encoded in parts with each choice's log-probs (``logprobs[i]`` for ``choices[i]``), slice
+    by slice, giving the event loop a turn between slices: n = 16 choices of 4096 tokens with 20 top
+    candidates are over a million objects (in a thread they would still hold the GIL), and tens of
+    megabytes, which stay in their slices (joined, the copy would hold the loop)."""
+    encoded = []
     for choice, choice_logprobs in zip(completion.choices, logprobs):
         head = msgspec.json.encode(msgspec.structs.replace(choice, logprobs=ChoiceLogprobs([])))
         before, found, after = head.partition(b'"logprobs":{"content":[]}')  # strings escape quotes: found once
         assert found, "a choice encodes its log-probs field"
-        pieces = []
+        parts = [before + b'"logprobs":{"content":[']
         for start in range(0, len(choice_logprobs), LOGPROB_TOKENS_PER_SLICE):
             content = _choice_logprobs(choice_logprobs[start:start + LOGPROB_TOKENS_PER_SLICE]).content
-            pieces.append(msgspec.json.encode(content)[1:-1])
+            parts.append((b"," if start else b"") + msgspec.json.encode(content)[1:-1])
             await asyncio.sleep(0)
-        parts.append(before + b'"logprobs":{"content":[' + b",".join(pieces) + b"]}" + after)
-    return splice_choices(completion, parts)
+        parts.append(b"]}" + after)
+        encoded.append(parts)
+    return splice_choices(completion, encoded)
 
 
-def encode_choices_apart(completion: Any, choices: list[Any]) -> bytes:
-    """``completion`` (a struct with a ``choices`` field) encoded with ``choices``, each encoded on its own
-    and spliced in: no single encoder call holds the interpreter (and so the event loop) for long."""
-    return splice_choices(completion, [msgspec.json.encode(c) for c in choices])
+def encode_choices_apart(completion: Any, choices: list[Any]) -> list[bytes]:
+    """``completion`` (a struct with a ``choices`` field) encoded in parts with ``choices``, each encoded on
+    its own: no single encoder call, and no copy into one buffer, holds the interpreter (and so the event
+    loop) for long."""
+    return splice_choices(completion, [[msgspec.json.encode(c)] for c in choices])
 
 
-def splice_choices(completion: Any, encoded: list[bytes]) -> bytes:
-    """``completion`` (a struct with a ``choices`` field) encoded with its choices given already encoded."""
+def splice_choices(completion: Any, encoded: list[list[bytes]]) -> list[bytes]:
+    """``completion`` (a struct with a ``choices`` field) encoded in parts, with its choices given already
+    encoded, each in parts."""
     head = msgspec.json.encode(msgspec.structs.replace(completion, choices=[]))
     before, found, after = head.partition(b'"choices":[]')  # quotes inside strings are escaped: found once
     assert found, "the completion encodes its choices field"
-    return before + b'"choices":[' + b",".join(encoded) + b"]" + after
+    parts = [before + b'"choices":[']
+    for index, choice in enumerate(encoded):
+        if index:
+            parts.append(b",")
+        parts += choice
+    parts.append(b"]" + after)
+    return parts
 
 
 def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:

@@ -28,6 +28,7 @@ from .limits import check_chat_limits
 from .metrics import Metrics
 from .openai_bodies import ChatCompletion, ChatCompletionRequest
 from .openapi import ApiRoute
+from .responses import JSONPartsResponse
 from .security import require_admin
 
 
@@ -107,7 +108,7 @@ class ChatHandlers:
 
     async def _complete(self, prepared: PreparedChat) -> Response:
         generation = await self._chat.open(prepared, stream=False)
-        return Response(await self._chat.complete(prepared, generation), media_type="application/json")
+        return JSONPartsResponse(await self._chat.complete(prepared, generation))
 
 
 async def until_disconnect(request: Request, work: Awaitable[Response]) -> Response:

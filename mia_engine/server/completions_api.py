@@ -37,6 +37,7 @@ from .limits import check_prompt_chars, check_stop, check_structured
 from .metrics import Metrics
 from .openai_bodies import MAX_INT, Usage
 from .openapi import ApiRoute
+from .responses import JSONPartsResponse
 
 
 def completion_routes(client: EngineClient, config: ServerConfig, admission: Admission, metrics: Metrics, *,
@@ -178,7 +179,7 @@ class CompletionHandlers:
             return Response(msgspec.json.encode(completion), media_type="application/json")
         encoded = await asyncio.to_thread(  # many log-prob objects: built and encoded off the event loop
             lambda: encode_choices_apart(completion, [_choice(i, e, d, num_logprobs) for i, e, d in numbered]))
-        return Response(encoded, media_type="application/json")
+        return JSONPartsResponse(encoded)
 
     async def _stream(self, prepared: PreparedCompletion, generations: list[Generation]) -> AsyncIterator[bytes]:
         """Server-sent events, prompt after prompt (all generate at once); an engine failure after the first

@@ -11,14 +11,19 @@ instead of a dict and objects per token, alive for the whole request."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client.samples import Sample
 
+from mia_engine.engines.client import TokenLogprob, TopLogprob
+from mia_engine.server.chat import encode_with_logprobs
+from mia_engine.server.openai_bodies import AssistantMessage, ChatCompletion, Choice, Usage
 from tests.conftest import scrape_metrics
 
 T = TypeVar("T")
@@ -26,6 +31,7 @@ T = TypeVar("T")
 LAG = "mia_event_loop_lag_seconds"
 MAX_P99_S = 0.05
 GC = "mia_gc_pause_seconds"
+TRIM = "mia_malloc_trim_seconds"
 LONG = 3072
 """Tokens of each log-prob request: long enough (thousands of probe samples on 2 cores) that
 one stall of the machine's own (another process scheduled on the loop's core) stays under 1 % of the
@@ -64,7 +70,12 @@ def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
                                                           _histogram(after, GC, generation=generation))
         slow = (gc_after[float("inf")] - gc_after[MAX_P99_S]) - (gc_before[float("inf")] - gc_before[MAX_P99_S])
         pauses.append(f"gen {generation}: {slow:.0f} over {MAX_P99_S} s, {sum_after - sum_before:.3f} s in all")
-    return p99, f"{total:.0f} samples; garbage collections {', '.join(pauses)}", response
+    (trim_before, trim_sum_before), (trim_after, trim_sum_after) = _histogram(before, TRIM), _histogram(after, TRIM)
+    trims = {le: trim_after[le] - trim_before.get(le, 0.0) for le in trim_after}
+    lag_counts = ", ".join(f"<= {le}: {count:.0f}" for le, count in sorted(delta.items()) if count)
+    return p99, (f"{total:.0f} samples ({lag_counts}); garbage collections {', '.join(pauses)}; "
+                 f"heap trims {trims[float('inf')]:.0f}, {trims[float('inf')] - trims[MAX_P99_S]:.0f} over "
+                 f"{MAX_P99_S} s, {trim_sum_after - trim_sum_before:.3f} s in all"), response
 
 
 def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
@@ -88,6 +99,24 @@ def test_many_chat_logprobs_are_built_off_the_loop(tiny_server) -> None:
     assert len(choices) == 16 and all(len(c["logprobs"]["content"]) == LONG for c in choices)
     assert len(choices[0]["logprobs"]["content"][0]["top_logprobs"]) == 5
     assert p99 <= MAX_P99_S, f"p99 event-loop lag {p99} s over {seen}"
+
+
+def test_a_long_log_prob_body_stays_in_its_slices() -> None:
+    """The chat case's body (16 choices of 3072 tokens with 5 candidates: about 16 MB) leaves the encoder
+    in slices of ``LOGPROB_TOKENS_PER_SLICE`` tokens, which the response sends one by one, and is the
+    completion's JSON once joined. Joined on the loop, its copies and their page faults held the loop for
+    a tenth of a second here, in one turn, and several tenths on CI (where the case above failed)."""
+    top = [TopLogprob(f"t{rank}", -2.0 - rank) for rank in range(5)]
+    logprobs = [[TokenLogprob(f"w{i}", -1.0, top) for i in range(LONG)] for _ in range(16)]
+    choices = [Choice(i, AssistantMessage(content="w" * LONG), "length") for i in range(16)]
+    completion = ChatCompletion("chatcmpl-1", 0, "executor", choices, Usage(1, 16 * LONG, 16 * LONG + 1))
+    parts = asyncio.run(encode_with_logprobs(completion, logprobs))
+    assert max(len(part) for part in parts) <= 64 << 10  # a slice: 128 tokens of about 300 bytes each
+    decoded = msgspec.json.decode(b"".join(parts))
+    assert [len(c["logprobs"]["content"]) for c in decoded["choices"]] == [LONG] * 16
+    assert decoded["choices"][15]["logprobs"]["content"][LONG - 1]["top_logprobs"][4] == \
+        {"token": "t4", "logprob": -6.0, "bytes": [116, 52]}
+    assert decoded["choices"][3]["message"]["content"] == "w" * LONG and decoded["usage"]["completion_tokens"] == 16 * LONG
 
 
 def test_many_completion_logprobs_are_built_off_the_loop(tiny_server) -> None:
