@@ -29,6 +29,10 @@ NUM_SLOW_BODIES = 300
 STREAM_ADDRESSES = ["127.0.0.2", "127.0.0.3"]
 BODY_ADDRESSES = ["127.0.0.4", "127.0.0.5"]
 SLACK_S = 5.0
+TIMED_CHATS = 9
+"""Chat requests timed idle and under attack, each side's median compared: one request of about 60 ms here
+can take twice that when the machine's 2 cores are busy elsewhere for a moment, so fewer (3 under attack)
+failed a run with the server as fast under attack as idle."""
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +121,8 @@ def _wait_for_stall(server: ServerHandle, timeout_s: float) -> dict[str, float]:
 @pytest.mark.timeout(300)  # the server's start (the fixture) counts; the test itself runs in ~20 s
 def test_stalled_streams_and_trickled_bodies_starve_nobody_and_free_every_slot(deadline_server) -> None:
     server = deadline_server
-    idle_s = statistics.median(_chat_seconds(server, 30) for _ in range(5))
+    idle = [_chat_seconds(server, 30) for _ in range(TIMED_CHATS)]
+    idle_s = statistics.median(idle)
     sockets: list[socket.socket] = []
     attacked = time.monotonic()
     try:
@@ -130,11 +135,13 @@ def test_stalled_streams_and_trickled_bodies_starve_nobody_and_free_every_slot(d
         held = {k: v for k, v in seen.items() if k.startswith(("mia_admission", "vllm:num_requests"))}
         assert _is_stalled(seen), f"the attack's streams did not stall: {held}"
         assert held.get("mia_admission_running{server:bodies}", 0) >= PER_CLIENT * 4, held  # the attack is on
-        busy_s = statistics.median(_chat_seconds(server, 10 * idle_s + 5) for _ in range(3))
+        busy = [_chat_seconds(server, 10 * idle_s + 5) for _ in range(TIMED_CHATS)]
+        busy_s = statistics.median(busy)
         # a stalled stream is cut SEND_TIMEOUT_S after it stalls at the soonest, and a queued one takes its slot
         timed_s = time.monotonic() - attacked
         assert timed_s < SEND_TIMEOUT_S, f"timed until {timed_s:.1f} s: a queued stream may have run meanwhile"
-        assert busy_s <= 2 * idle_s, f"a chat request took {busy_s:.3f} s under attack, {idle_s:.3f} s idle"
+        assert busy_s <= 2 * idle_s, (f"a chat request took {busy_s:.3f} s under attack, {idle_s:.3f} s idle "
+                                      f"(medians of {[round(s, 3) for s in busy]} and {[round(s, 3) for s in idle]})")
         bound_s = QUEUE_WAIT_S + max(BODY_TIMEOUT_S, SEND_TIMEOUT_S) + SLACK_S
         while (held := _slots(server)) and time.monotonic() - attacked < bound_s:
             time.sleep(0.2)  # the attackers stay connected: only the deadlines can free their slots
