@@ -46,6 +46,12 @@ FAMILIES: dict[str, Family] = {
     "pattern [^x]{0,k}": lambda k: {"type": "string", "pattern": f"[^x]{{0,{k}}}"},
     "maxLength k": lambda k: {"type": "string", "maxLength": k},
     "minLength k": lambda k: {"type": "string", "minLength": k},
+    "k strings of maxLength 1000 + i": lambda k: {"type": "object", "required": [f"p{i}" for i in range(k)],
+                                                 "properties": {f"p{i}": {"type": "string", "maxLength": 1000 + i}
+                                                                for i in range(k)}},
+    "k strings of maxLength 100": lambda k: {"type": "object", "required": [f"p{i}" for i in range(k)],
+                                            "properties": {f"p{i}": {"type": "string", "maxLength": 100}
+                                                           for i in range(k)}},
     "k optional properties": lambda k: {"type": "object", "properties": {str(i): {} for i in range(k)}},
     "k integer ranges": lambda k: {"type": "object", "required": [f"p{i}" for i in range(k)], "properties": {
         f"p{i}": {"type": "integer", "minimum": -987654321 + i, "maximum": 98765432 - i} for i in range(k)}},
@@ -176,11 +182,12 @@ class Compiler:
 
 
 def measure(vocab: str, limits: LimitsConfig, any_whitespace: bool, fractions: list[float],
-            timeout_s: float, scaled: bool) -> dict[str, Any]:
+            timeout_s: float, scaled: bool, families: list[str]) -> dict[str, Any]:
     compiler = Compiler(vocab, any_whitespace)
     budget_vocab = compiler.vocab_size if scaled else 0
     rows = []
-    for name, family in FAMILIES.items():
+    for name in families:
+        family = FAMILIES[name]
         k_max = largest_accepted(family, limits, budget_vocab)
         if k_max is None:
             rows.append({"family": name, "accepted": False})
@@ -217,11 +224,14 @@ def main() -> None:
     parser.add_argument("--unscaled", action="store_true",
                         help="the budget of a 32k vocabulary whatever the vocabulary (what the server accepted "
                              "before it scaled costs by the served model's vocabulary)")
+    parser.add_argument("--family", action="append", choices=list(FAMILIES), metavar="NAME",
+                        help="a family to measure (repeatable; default: all of them)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     limits = msgspec.structs.replace(LimitsConfig(), max_grammar_cost=args.max_grammar_cost)
     fractions = [float(f) for f in args.fractions.split(",")]
-    runs = [measure(vocab, limits, args.any_whitespace, fractions, args.timeout_s, not args.unscaled)
+    runs = [measure(vocab, limits, args.any_whitespace, fractions, args.timeout_s, not args.unscaled,
+                    args.family or list(FAMILIES))
             for vocab in args.vocab.split(",")]
     report({"max_grammar_cost": limits.max_grammar_cost, "max_json_schema_bytes": limits.max_json_schema_bytes,
             "scaled_by_vocabulary": not args.unscaled, "timeout_s": args.timeout_s, "runs": runs}, args.out)

@@ -53,9 +53,11 @@ class LimitsConfig(Frozen):
     """Largest estimated grammar-compile cost of one request's constraint (its JSON schema, its tools'
     schemas together, or its regex), in units of about a millisecond of xgrammar compile on a 32k-token
     vocabulary (``server/grammar_cost.py``): wide schemas under the byte cap (long regex repeats, nested
-    variable-length repeats, hundreds of optional properties) would hold the engine's compiler for seconds.
-    Compile time grows with the vocabulary, so a model with more tokens (its ``config.json``) has each cost
-    scaled up in proportion."""
+    variable-length repeats, many distinct string length bounds, hundreds of optional properties) would hold
+    the engine's compiler for seconds. Compile time grows with the vocabulary, so a model with more tokens
+    (its ``config.json``) has each cost scaled up in proportion. A ``maxLength`` costs 3.4 per character up
+    to 190, so the default accepts bounds up to 117 characters on a vocabulary of up to 32k tokens, 78 on
+    SmolLM2's, 25 on Qwen3's; raise it to accept longer bounds at their compile time."""
     max_choices: int = 64
     """Most ``structured_outputs.choice`` strings."""
     max_choice_chars: int = 256

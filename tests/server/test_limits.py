@@ -14,10 +14,13 @@ from bench.grammar_compile import FAMILIES, largest_accepted
 from mia_engine.config import LimitsConfig, load_config
 from mia_engine.models.tiny import VOCAB_SIZE, build_tiny
 from mia_engine.server.errors import BadRequest
+from mia_engine.server.grammar_cost import schema_cost
 from mia_engine.server.limits import check_chat_limits
 from mia_engine.server.openai_bodies import ChatCompletionRequest
 
 LIMITS = LimitsConfig()
+DEFAULT_VOCAB = 49152
+"""The default model's vocabulary (SmolLM2), in tokens."""
 PROMPT = [{"role": "user", "content": "hello"}]
 GROUP = {"messages": PROMPT, "completions": [{"text": "a", "reward": 1.0}, {"text": "b", "reward": 0.0}]}
 
@@ -190,6 +193,24 @@ def test_a_larger_vocabulary_lowers_what_a_grammar_may_cost() -> None:
         check_chat_limits(request, LIMITS, 151936)
     assert refused.value.param == "response_format.json_schema.schema"
     assert "151936-token vocabulary" in str(refused.value), refused.value
+
+
+def test_each_distinct_string_length_bound_costs_a_compile_of_its_own() -> None:
+    """xgrammar compiles one rule per distinct pair of length bounds, shared by every string with that pair,
+    each for about a second on the default model's vocabulary once ``maxLength`` passes ~200 characters:
+    16 strings of distinct bounds were accepted there and compiled for 20 s, priced by their characters."""
+    def strings(bounds: list[int]) -> dict:
+        return {"type": "object", "required": [f"p{i}" for i in range(len(bounds))],
+                "properties": {f"p{i}": {"type": "string", "maxLength": b} for i, b in enumerate(bounds)}}
+
+    one = schema_cost(strings([1000]))
+    assert schema_cost(strings([1000] * 16)) < 1.1 * one
+    assert schema_cost(strings(list(range(1000, 1016)))) > 15 * one
+    assert schema_cost(strings([100_000])) == pytest.approx(one)  # flat past a couple of hundred characters
+    for schema in (strings([1000]), strings([200, 300])):
+        with pytest.raises(BadRequest):
+            check_chat_limits(_schema_request(schema), LIMITS, DEFAULT_VOCAB)
+    check_chat_limits(_schema_request(strings([36] * 8)), LIMITS, DEFAULT_VOCAB)  # about 0.2 s there
 
 
 @pytest.mark.parametrize("fixture, vocab_size", [("qwen3-8b", 151936), ("qwen2_5-vl-7b", 152064)])
