@@ -9,8 +9,8 @@ backend): a regex repeat expands into one grammar element per repetition (``[a-z
 character classes, nested repeats multiply), a group of variable-length atoms only under a counted repeat
 grows with the square of its expansion, each distinct string length bound (``maxLength``) costs with the
 bound up to a couple of hundred characters, optional object properties grow about with the square of their
-number, and numeric ranges and ``format`` each become a regex of their own. Enums, ``minItems`` / ``maxItems`` and plain nodes are cheap (they are bounded by the
-schema's byte cap and counted as nodes).
+number, and numeric ranges and ``format`` each become a regex of their own. Enums, ``minItems`` / ``maxItems``
+and plain nodes are cheap (they are bounded by the schema's byte cap and counted as nodes).
 """
 
 from __future__ import annotations
