@@ -51,31 +51,38 @@ def _histogram(samples: list[Sample], name: str, **labels: str) -> tuple[dict[fl
     return buckets, next(sample.value for sample in samples if matches(sample, "_sum"))
 
 
+def _window(before: list[Sample], after: list[Sample], name: str, **labels: str) -> tuple[dict[float, float], float]:
+    """Histogram ``name``'s observations between two scrapes: cumulative counts by upper bound, and seconds."""
+    (counts_before, sum_before), (counts_after, sum_after) = (_histogram(before, name, **labels),
+                                                              _histogram(after, name, **labels))
+    return {le: count - counts_before.get(le, 0.0) for le, count in counts_after.items()}, sum_after - sum_before
+
+
+def _slow(name: str, counts: dict[float, float], seconds: float) -> str:
+    """How many of the window's ``name`` (collections, trims) there were, how many took longer than
+    ``MAX_P99_S``, and their seconds in all."""
+    total = counts[float("inf")]
+    return f"{name} {total:.0f}, {total - counts[MAX_P99_S]:.0f} over {MAX_P99_S} s, {seconds:.3f} s in all"
+
+
 def _p99_lag_while(server, send: Callable[[], T]) -> tuple[float, str, T]:
     """Run ``send`` (heavy requests) and return the probe's p99 lag over that time (the upper bound of
-    the bucket holding it), what else the window saw (probe samples, and per generation the garbage
-    collections longer than ``MAX_P99_S`` and all collections' seconds), and what ``send`` returned."""
+    the bucket holding it), what else the window saw (probe samples by bucket, per generation the garbage
+    collections longer than ``MAX_P99_S`` and all collections' seconds, the same of heap trims), and what
+    ``send`` returned."""
     before = scrape_metrics(server)
     time.sleep(0.05)
     response = send()
     time.sleep(0.05)  # the tick after a stall is recorded when the loop wakes again
     after = scrape_metrics(server)
-    (lag_before, _), (lag_after, _) = _histogram(before, LAG), _histogram(after, LAG)
-    delta = {le: lag_after[le] - lag_before.get(le, 0.0) for le in lag_after}
+    delta, _ = _window(before, after, LAG)
     total = delta[float("inf")]
     p99 = min(le for le, count in delta.items() if count >= 0.99 * total)
-    pauses = []
-    for generation in ("0", "1", "2"):
-        (gc_before, sum_before), (gc_after, sum_after) = (_histogram(before, GC, generation=generation),
-                                                          _histogram(after, GC, generation=generation))
-        slow = (gc_after[float("inf")] - gc_after[MAX_P99_S]) - (gc_before[float("inf")] - gc_before[MAX_P99_S])
-        pauses.append(f"gen {generation}: {slow:.0f} over {MAX_P99_S} s, {sum_after - sum_before:.3f} s in all")
-    (trim_before, trim_sum_before), (trim_after, trim_sum_after) = _histogram(before, TRIM), _histogram(after, TRIM)
-    trims = {le: trim_after[le] - trim_before.get(le, 0.0) for le in trim_after}
+    pauses = [_slow(f"gen {generation}:", *_window(before, after, GC, generation=generation))
+              for generation in ("0", "1", "2")]
     lag_counts = ", ".join(f"<= {le}: {count:.0f}" for le, count in sorted(delta.items()) if count)
     return p99, (f"{total:.0f} samples ({lag_counts}); garbage collections {', '.join(pauses)}; "
-                 f"heap trims {trims[float('inf')]:.0f}, {trims[float('inf')] - trims[MAX_P99_S]:.0f} over "
-                 f"{MAX_P99_S} s, {trim_sum_after - trim_sum_before:.3f} s in all"), response
+                 f"{_slow('heap trims', *_window(before, after, TRIM))}"), response
 
 
 def _post(server, path: str, body: bytes | dict, key: str) -> httpx.Response:
