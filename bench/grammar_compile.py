@@ -93,19 +93,21 @@ def largest_accepted(family: Family, limits: LimitsConfig, vocab_size: int) -> i
         low, high = high, min(high * 4, MAX_K)
     if high == MAX_K and accepted(family(high), limits, vocab_size):
         return MAX_K
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if accepted(family(middle), limits, vocab_size) else (low, middle)
-    return low
+    return _last_holding(low, high, lambda k: accepted(family(k), limits, vocab_size))
 
 
 def at_cost_fraction(family: Family, k_max: int, fraction: float) -> int:
     """The largest ``k`` at most ``k_max`` whose estimated cost is at most ``fraction`` of ``k_max``'s."""
     target = schema_cost(family(k_max)) * fraction
-    low, high = 1, k_max
+    return _last_holding(1, k_max, lambda k: schema_cost(family(k)) <= target)
+
+
+def _last_holding(low: int, high: int, holds: Callable[[int], bool]) -> int:
+    """The largest ``k`` in ``[low, high)`` for which ``holds`` (which holds up to some ``k`` and not after),
+    by bisection, taking ``low`` as holding."""
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if schema_cost(family(middle)) <= target else (low, middle)
+        low, high = (middle, high) if holds(middle) else (low, middle)
     return low
 
 
