@@ -1,6 +1,6 @@
 """The CPU platform's engine-process choices, checked on this CPU with the platform's real code: the dtype
 our engines ask for and what ``auto`` means to any other vLLM config, whether the engine schedules ahead
-(through vLLM's own resolution), and the allocator the engine processes preload."""
+(through vLLM's own resolution) and which worker it runs, and the allocator the engine processes preload."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu import features
 from mia_engine.engines.cpu.malloc import preload_tcmalloc
 from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, MALLOC_KEY, engine_dtype
-from mia_engine.engines.cpu.platform import MIACpuPlatform
+from mia_engine.engines.cpu.platform import VLLM_WORKER_CLS, WORKER_CLS, MIACpuPlatform
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.models.tiny import build_tiny
 
@@ -156,8 +156,11 @@ def test_vllms_engine_config_schedules_ahead_only_where_the_engine_asks(monkeypa
     assert config.scheduler_config.async_scheduling is expected
     assert (config.scheduler_config.get_scheduler_cls() is AsyncScheduler) is expected
     assert config.max_concurrent_batches == (2 if expected else 1)  # the engine core's batch queue
+    assert config.parallel_config.worker_cls == WORKER_CLS  # our engine: the worker that rewinds seeded draws
     del args.additional_config[ASYNC_SCHEDULING_KEY]
-    assert args.create_engine_config().scheduler_config.async_scheduling is False
+    plain = args.create_engine_config()
+    assert plain.scheduler_config.async_scheduling is False
+    assert plain.parallel_config.worker_cls == VLLM_WORKER_CLS  # not our engine: vLLM's worker
 
 
 def _vllm_config(**parts: object) -> SimpleNamespace:

@@ -72,6 +72,25 @@ def test_seed_reproducible_at_positive_temperature(openai_client: OpenAI) -> Non
     assert len({sample(s) for s in (7, 8, 9)}) > 1
 
 
+def test_a_seeded_prompt_longer_than_one_step_samples_as_if_in_one(openai_client: OpenAI,
+                                                                      tiny_server) -> None:
+    """vLLM prefills a prompt over its step budget (2048 tokens on a CPU) in chunks and drops the token it
+    samples after each chunk but the last, rewinding the request's seeded generator: on a CPU that rewind
+    used to raise in the worker and end the engine (``engines/cpu/worker.py``). The second request finds
+    the prompt in the prefix cache and prefills in one step: its tokens are the chunked one's."""
+    messages = [{"role": "user", "content": " ".join(f"seeded{i}" for i in range(600))}]
+
+    def sample() -> tuple[int, str]:
+        out = openai_client.chat.completions.create(model="planner", messages=messages, max_tokens=16,
+                                                    temperature=1.0, seed=11)
+        return out.usage.prompt_tokens, out.choices[0].message.content
+
+    (prompt_tokens, chunked), (_, cached) = sample(), sample()
+    assert prompt_tokens > 2048
+    assert chunked == cached
+    assert httpx.get(f"{tiny_server.base_url}/health", timeout=10).status_code == 200
+
+
 def _top_logprobs(client: OpenAI, model: str) -> list[float]:
     out = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=1, temperature=0,
                                          logprobs=True, top_logprobs=5)

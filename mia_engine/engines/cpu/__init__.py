@@ -6,11 +6,12 @@ inside a function where the engines run on vLLM's CPU platform (``engines/platfo
 is_cpu_platform``) or where a config asks for CPU work (``cpu_keep_off_model_cores``; an encoder or
 learner on the CPU). vLLM reaches ``platform.py`` by qualname through the door outside the fence
 (``engines/platforms.py: platform_plugin``, the ``vllm.platform_plugins`` entry point), and
-``punica.py`` by qualname from there.
+``punica.py`` and ``worker.py`` by qualname from there.
 
     options.py    our keys in vLLM's additional_config (names, values, reader), the dtype ``auto`` asks for
-    platform.py   vLLM's CPU platform, changed only for an engine that asks (Punica wrapper, allocator,
-                  async scheduling)
+    platform.py   vLLM's CPU platform, changed only for our engines (Punica wrapper, allocator, async
+                  scheduling, worker)
+    worker.py     vLLM's CPU worker, whose model runner rewinds a seeded request's generator on a CPU
     lora_ops.py   the grouped LoRA matmuls
     punica.py     vLLM's CPU Punica wrapper on those ops (the version guard; upstream/ holds the patch
                   that lets its rebinding go)

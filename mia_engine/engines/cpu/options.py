@@ -39,6 +39,11 @@ def additional_config(engine: EngineConfig) -> dict[str, str | bool]:
             ASYNC_SCHEDULING_KEY: engine.cpu_async_scheduling}
 
 
+def is_ours(additional: object) -> bool:
+    """Whether vLLM's ``additional_config`` (``additional``) is one this project wrote: an engine it starts."""
+    return isinstance(additional, dict) and all(key in additional for key in ALLOWED)
+
+
 def read_option(additional: object, key: str) -> object:
     """An engine's choice for ``key`` in vLLM's ``additional_config`` (``additional``); without the key,
     the first allowed value. Anything else is refused, a value of another type too (``1`` is not ``True``)."""

@@ -1,9 +1,10 @@
-"""vLLM's CPU platform, with three changes made through its extension points and only for an engine whose
-config asks for them (our keys in its ``additional_config``, ``options.py``): the Punica wrapper
-(``Platform.get_punica_wrapper``), and the engine processes' allocator and async scheduling
+"""vLLM's CPU platform, with four changes made through its extension points and only for an engine this
+project starts (our keys in its ``additional_config``, ``options.py``): the Punica wrapper
+(``Platform.get_punica_wrapper``), and the engine processes' allocator, async scheduling and worker class
 (``Platform.check_and_update_config``, where vLLM's own CPU platform sets ``LD_PRELOAD`` for the
-processes it is about to spawn and turns async scheduling off). Any other vLLM program in this
-environment gets vLLM's CPU platform unchanged.
+processes it is about to spawn, turns async scheduling off and names its worker). The first three follow
+the engine's config; the worker (``worker.py``: seeded requests survive chunked prefills) is a fix, always
+on. Any other vLLM program in this environment gets vLLM's CPU platform unchanged.
 
 Loaded by qualname through ``engines/platforms.py: platform_plugin`` once vLLM has picked the platform,
 never imported by this package otherwise.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from vllm.platforms.cpu import CpuPlatform
 
 from .malloc import preload_tcmalloc
-from .options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY, MALLOC_KEY, read_option
+from .options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY, MALLOC_KEY, is_ours, read_option
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -26,11 +27,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GROUPED_WRAPPER = "mia_engine.engines.cpu.punica.GroupedPunicaWrapperCPU"
+WORKER_CLS = "mia_engine.engines.cpu.worker.MIACPUWorker"
+"""Our engines' worker (``worker.py``), imported by vLLM in the worker process only."""
+VLLM_WORKER_CLS = "vllm.v1.worker.cpu_worker.CPUWorker"
+"""The worker vLLM's CPU platform chooses by itself; only that choice is replaced."""
 
 
 class MIACpuPlatform(CpuPlatform):
-    """vLLM's CPU platform but for three things an engine may ask for: the Punica wrapper on grouped ops,
-    the system's TCMalloc, and async scheduling."""
+    """vLLM's CPU platform but for three things an engine may ask for (the Punica wrapper on grouped ops,
+    the system's TCMalloc, async scheduling) and the worker of ``worker.py``."""
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
@@ -38,6 +43,8 @@ class MIACpuPlatform(CpuPlatform):
         spawns the worker), so ``LD_PRELOAD`` set here reaches both. Without our keys (a plain ``vllm
         serve``) vLLM's own choices stand."""
         super().check_and_update_config(vllm_config)
+        if is_ours(vllm_config.additional_config) and vllm_config.parallel_config.worker_cls == VLLM_WORKER_CLS:
+            vllm_config.parallel_config.worker_cls = WORKER_CLS  # seeded requests survive chunked prefills
         if read_option(vllm_config.additional_config, MALLOC_KEY) == "tcmalloc":
             preload_tcmalloc(os.environ)
         if read_option(vllm_config.additional_config, ASYNC_SCHEDULING_KEY):
