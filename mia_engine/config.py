@@ -270,6 +270,11 @@ class EngineConfig(Frozen):
     """Sequences decoded together in one step."""
     max_num_batched_tokens: int = 0
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
+    warmup_max_seqs: int = 0
+    """Start-up warm-up (``engines/warmup.py``): before the server reports ready, the engine serves rounds
+    of 1, 2, 4, ... up to this many synthetic requests at once, every adapter of its roles mixed in, so
+    that its processes' allocators hold what batches up to that size need before traffic sends them. 0 =
+    none (the default; on a GPU vLLM's own profiling run sizes the memory)."""
     tokenizer_threads: int = 2
     """Threads that run this engine's tokenizer (chat templates, tokenizing, detokenizing) off the event
     loop. The ``tokenizers`` library keeps its BPE word cache per thread (up to ten thousand words each),
@@ -605,6 +610,10 @@ def _check_engine(name: str, engine: EngineConfig) -> None:
         raise ConfigError(f"{prefix}.compact_json: needs structured_outputs_backend xgrammar or guidance")
     _check_positive(f"{prefix}.pipeline_parallel_size", engine.pipeline_parallel_size)
     _check_non_negative(f"{prefix}.block_size", engine.block_size, "vLLM's default for the platform")
+    _check_non_negative(f"{prefix}.warmup_max_seqs", engine.warmup_max_seqs, "no warm-up")
+    if engine.warmup_max_seqs > engine.max_num_seqs:
+        raise ConfigError(f"{prefix}.warmup_max_seqs: {engine.warmup_max_seqs} is more than max_num_seqs "
+                          f"({engine.max_num_seqs}), the most the engine runs at once")
     replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if engine.executor_backend == "uni" and replica > 1:
         raise ConfigError(f"{prefix}.executor_backend: 'uni' runs one GPU per replica; tensor x pipeline "

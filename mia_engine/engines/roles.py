@@ -11,7 +11,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import aclosing, nullcontext
+from contextlib import AsyncExitStack, aclosing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +31,7 @@ from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, Ext
 from .startup import applied_env, process_state_kept, spawn_env, start_groups, use_spawn
 from .tool_parsers import ToolCallParser, check_tool_call_parsers
 from .vllm_engine import VLLMEngine
+from .warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,16 @@ class RoleServer:
                 await self.adapters.register(name, engine, path)
             self._targets[name] = RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role",
                                              dict(role.chat_template_kwargs))
+        for engine in self.engines.values():
+            if engine.config.warmup_max_seqs:
+                await self._warm_up(engine)
+
+    async def _warm_up(self, engine: VLLMEngine) -> None:
+        """``engines/warmup.py`` on ``engine``, with the base model and every adapter of its roles."""
+        roles = sorted({t.adapter_role for t in self._targets.values() if t.engine is engine and t.adapter_role})
+        async with AsyncExitStack() as leases:
+            loras = [None, *[await leases.enter_async_context(self.adapters.acquire(role)) for role in roles]]
+            await warm_up(engine, loras, engine.config.warmup_max_seqs)
 
     def shutdown(self) -> None:
         for engine in self.engines.values():

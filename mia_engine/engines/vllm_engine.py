@@ -131,6 +131,8 @@ class VLLMEngine:
         self._tokenizer_threads = ThreadPoolExecutor(config.tokenizer_threads, thread_name_prefix=f"tokenizer-{name}")
         self.dtype = config.dtype
         """The dtype the engine runs in, as vLLM resolved it at start (``auto`` depends on the hardware)."""
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        """Tokens in one engine step, as vLLM resolved it at start (0 in the config: the platform's default)."""
         self._llm: Any = None
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         """vLLM's own ``vllm:*`` series of this engine (labels ``model_name`` = the engine's name, ``engine`` =
@@ -207,6 +209,7 @@ class VLLMEngine:
         with config_lock:
             vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
         self.dtype = str(vllm_config.model_config.dtype).removeprefix("torch.")
+        self.max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=args.disable_log_stats,
                                          stat_loggers=[stat_logger_for(self.metrics_registry)])
 
