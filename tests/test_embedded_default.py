@@ -59,6 +59,15 @@ def test_first_start_builds_the_model_from_the_wheel(default_server: ServerHandl
     assert "sentence encoder" in log and "building the search index" in log
 
 
+def test_it_warms_up_before_ready_and_says_so(default_server: ServerHandle) -> None:
+    """The default warms its engine up with rounds of up to 128 requests; /health's 503 says so meanwhile."""
+    log = default_server.log_path.read_text(errors="replace")
+    assert "engine smollm2: warmed up: 255 requests" in log, default_server.log_tail()
+    assert log.index("engine smollm2: warmed up") < log.index("ready: serving")
+    said = [r.json()["error"]["message"] for r in default_server.health_before_ready]  # "engine is not ready (...)"
+    assert any("engine smollm2 is warming up" in message for message in said), said[-3:]
+
+
 def test_planner_completion_and_a_mia_question(default_server: ServerHandle) -> None:
     from openai import OpenAI
 

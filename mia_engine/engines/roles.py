@@ -72,6 +72,8 @@ class RoleServer:
         self._error: str | None = None
         self.initial_adapters: dict[str, Path] = {}
         """Adapter folders that replace a role's configured one at start (the latest learned checkpoint)."""
+        self._warming_up: str | None = None
+        """The engine warming up now (``warmup.py``), for the 503 while the server starts."""
         self.usage: UsageObserver | None = None
         """Told about every finished request (the server's per-role token and prefix-cache metrics)."""
 
@@ -125,9 +127,13 @@ class RoleServer:
     async def _warm_up(self, engine: VLLMEngine) -> None:
         """``engines/warmup.py`` on ``engine``, with the base model and every adapter of its roles."""
         roles = sorted({t.adapter_role for t in self._targets.values() if t.engine is engine and t.adapter_role})
-        async with AsyncExitStack() as leases:
-            loras = [None, *[await leases.enter_async_context(self.adapters.acquire(role)) for role in roles]]
-            await warm_up(engine, loras, engine.config.warmup_max_seqs)
+        self._warming_up = engine.name
+        try:
+            async with AsyncExitStack() as leases:
+                loras = [None, *[await leases.enter_async_context(self.adapters.acquire(role)) for role in roles]]
+                await warm_up(engine, loras, engine.config.warmup_max_seqs)
+        finally:
+            self._warming_up = None
 
     def shutdown(self) -> None:
         for engine in self.engines.values():
@@ -166,7 +172,13 @@ class RoleServer:
         dead = [name for name, e in self.engines.items() if not e.is_running]
         if self._is_started and dead:
             return f"engine {', '.join(dead)} is not running"
+        if self._warming_up is not None:
+            return f"engine {self._warming_up} is warming up; retry shortly"
         return "the engines are starting; retry shortly"
+
+    def progress(self) -> str:
+        """What ``/health`` may show anyone while the engines start: the engine warming up, if one is."""
+        return f"engine {self._warming_up} is warming up" if self._warming_up is not None else ""
 
     def max_model_len(self, model: str) -> int:
         return self._targets[model].engine.config.max_model_len

@@ -7,8 +7,8 @@ server reports ready: round ``b`` runs ``b`` requests at once, for ``b`` = 1, 2,
 ``EngineConfig.warmup_max_seqs``, after one prompt of a whole step's token budget, every
 adapter of the engine's roles and the base model mixed in one batch, greedy and sampled, with and without
 a presence penalty. Random token ids, ``ignore_eos``: every request decodes its full length, so each
-round decodes at its batch size. On the embedded default (2 CPU cores, up to 128 at once) it takes
-tens of seconds, once per start. The requests go to the engine directly, past the server's per-role
+round decodes at its batch size. It costs start-up time on every start, more the higher the bound.
+The requests go to the engine directly, past the server's per-role
 metrics; vLLM's own ``vllm:*`` counters include them.
 """
 

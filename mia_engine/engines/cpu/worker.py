@@ -24,6 +24,7 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+
 class SeedRewindingRunner(CPUModelRunner):
     """vLLM's CPU model runner; a seeded request whose sampled token is dropped (a prefill chunk) gets its
     generator back as it was before the draw. Its one attribute of its own, the states held between a
