@@ -102,8 +102,9 @@ def test_unauthenticated_health_and_metrics_show_no_paths_or_errors(tiny_server)
     for response in tiny_server.health_before_ready:
         assert response.status_code == 503, response.text
         for part in response.json()["error"]["message"].split("; "):  # each waiting component, its progress at most
-            assert re.fullmatch(r"\w+ is not ready( \(building the search index: \d+/\d+ passages .*\))?",
-                                part) or part == "agent is not ready (preparing the search index)", part
+            assert re.fullmatch(r"\w+ is not ready( \((building the search index: \d+/\d+ passages .*"
+                                r"|engine [\w-]+ is warming up)\))?", part) \
+                or part == "agent is not ready (preparing the search index)", part
 
 
 def test_non_loopback_bind_without_a_key_is_refused(tmp_path: Path) -> None:
