@@ -173,7 +173,7 @@ class RoleServer:
         if self._is_started and dead:
             return f"engine {', '.join(dead)} is not running"
         if self._warming_up is not None:
-            return f"engine {self._warming_up} is warming up; retry shortly"
+            return f"{self.progress()}; retry shortly"
         return "the engines are starting; retry shortly"
 
     def progress(self) -> str:
