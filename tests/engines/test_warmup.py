@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mia_engine.config import ConfigError, load_config
@@ -39,8 +41,7 @@ def test_the_rounds_mix_greedy_sampled_and_penalised_requests() -> None:
 
 @pytest.mark.parametrize("value, message", [(-1, "must be >= 0"), (257, "more than max_num_seqs (256)")])
 def test_a_warmup_bound_outside_the_engine_is_refused(value: int, message: str) -> None:
-    with pytest.raises(ConfigError, match=r"engines\.tiny\.warmup_max_seqs: .*" + message.replace("(", r"\(")
-                       .replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=r"engines\.tiny\.warmup_max_seqs: .*" + re.escape(message)):
         load_config("tiny", {"engines.tiny.warmup_max_seqs": value, "engines.tiny.max_num_seqs": 256})
 
 
