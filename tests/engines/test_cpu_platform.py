@@ -18,7 +18,7 @@ from vllm.platforms.cpu import CpuPlatform
 
 from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu import features
-from mia_engine.engines.cpu.malloc import preload_tcmalloc
+from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, preload_tcmalloc
 from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, MALLOC_KEY, engine_dtype
 from mia_engine.engines.cpu.platform import VLLM_WORKER_CLS, WORKER_CLS, MIACpuPlatform
 from mia_engine.engines.vllm_engine import VLLMEngine
@@ -91,7 +91,20 @@ def test_tcmalloc_goes_first_in_ld_preload_once(monkeypatch: pytest.MonkeyPatch)
     assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/torch/lib/libgomp.so.1"
     empty: dict[str, str] = {}
     preload_tcmalloc(empty)
-    assert empty == {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}
+    assert empty == {"LD_PRELOAD": "libtcmalloc_minimal.so.4", RELEASE_RATE_ENV: "0"}
+
+
+def test_tcmalloc_keeps_its_free_pages_unless_the_environment_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctypes.util, "find_library", _finds("libtcmalloc_minimal.so.4"))
+    fresh: dict[str, str] = {}
+    preload_tcmalloc(fresh)
+    assert fresh[RELEASE_RATE_ENV] == "0"
+    preloaded_by_user = {"LD_PRELOAD": "/opt/libtcmalloc.so"}
+    preload_tcmalloc(preloaded_by_user)
+    assert preloaded_by_user[RELEASE_RATE_ENV] == "0"
+    users_rate = {RELEASE_RATE_ENV: "2.5"}
+    preload_tcmalloc(users_rate)
+    assert users_rate[RELEASE_RATE_ENV] == "2.5"
 
 
 def test_without_tcmalloc_glibc_stays_and_the_log_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
@@ -100,7 +113,7 @@ def test_without_tcmalloc_glibc_stays_and_the_log_says_what_to_install(monkeypat
     env = {"LD_PRELOAD": "/torch/lib/libgomp.so.1"}
     with caplog.at_level("WARNING", logger="mia_engine.engines.cpu.malloc"):
         assert preload_tcmalloc(env) is None
-    assert env == {"LD_PRELOAD": "/torch/lib/libgomp.so.1"}
+    assert env == {"LD_PRELOAD": "/torch/lib/libgomp.so.1"}  # and no release rate for an allocator not there
     assert "libtcmalloc-minimal4" in caplog.text
 
 
@@ -117,8 +130,10 @@ def test_each_engine_config_picks_its_allocator(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(lambda cls, config: None))
     monkeypatch.setattr(ctypes.util, "find_library", _finds("libtcmalloc_minimal.so.4"))
     monkeypatch.setenv("LD_PRELOAD", "/torch/lib/libgomp.so.1")
+    monkeypatch.delenv(RELEASE_RATE_ENV, raising=False)
     MIACpuPlatform.check_and_update_config(_Config(extra))
     assert ("libtcmalloc_minimal.so.4" in os.environ["LD_PRELOAD"]) is preloaded
+    assert (os.environ.get(RELEASE_RATE_ENV) == "0") is preloaded
 
 
 def test_an_unknown_allocator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from mia_engine.config import EngineConfig, load_config
 from mia_engine.engines.roles import RoleServer
-from mia_engine.engines.cpu.malloc import TCMALLOC_NAMES
+from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, TCMALLOC_NAMES
 from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env, start_groups,
                                         use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
@@ -66,20 +66,26 @@ def test_the_served_engine_processes_start_with_the_spawn_env(tiny_server) -> No
     engine_processes = _engine_processes(tiny_server)
     assert engine_processes
     for process in engine_processes:
-        # /proc as is: psutil's environ() came back empty for these renamed (``VLLM::...``) processes
-        entries = Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace").split("\0")
-        environ = dict(entry.split("=", 1) for entry in entries if "=" in entry)
+        environ = _start_environ(process)
         assert {key: environ.get(key) for key in wanted} == wanted, process.name()
 
 
 @pytest.mark.skipif(not any(map(ctypes.util.find_library, TCMALLOC_NAMES)),
                     reason="no TCMalloc on this system (scripts/install.sh installs it where it may)")
 def test_the_served_engine_processes_run_on_tcmalloc(tiny_server) -> None:
-    """``cpu_malloc = "tcmalloc"`` (the default) as the engine processes have it mapped, not as configured."""
+    """``cpu_malloc = "tcmalloc"`` (the default) as the engine processes have it mapped, not as configured,
+    told to keep the pages it frees."""
     engine_processes = _engine_processes(tiny_server)
     assert engine_processes
     for process in engine_processes:
         assert "libtcmalloc" in Path(f"/proc/{process.pid}/maps").read_text(), process.name()
+        assert _start_environ(process).get(RELEASE_RATE_ENV) == "0", process.name()
+
+
+def _start_environ(process: psutil.Process) -> dict[str, str]:
+    """/proc as is: psutil's environ() came back empty for these renamed (``VLLM::...``) processes."""
+    entries = Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 def _engine_processes(server) -> list[psutil.Process]:
