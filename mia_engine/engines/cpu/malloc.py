@@ -31,16 +31,14 @@ def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:
     TCMalloc, ``environ`` also gets ``RELEASE_RATE_ENV`` = 0 unless it has a value."""
     preload = environ.get("LD_PRELOAD", "")
     present = [part for part in preload.split(":") if "libtcmalloc" in part]
-    if present:
-        environ.setdefault(RELEASE_RATE_ENV, "0")
-        return present[0]
-    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    library = present[0] if present else next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
     if library is None:
         log.warning("cpu_malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
                     "malloc (install libtcmalloc-minimal4, as vLLM's CPU guide asks, or set 'glibc')")
         return None
-    environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
     environ.setdefault(RELEASE_RATE_ENV, "0")
-    log.info("engine processes preload %s (cpu_malloc = 'tcmalloc'), %s=%s", library, RELEASE_RATE_ENV,
-             environ[RELEASE_RATE_ENV])
+    if not present:
+        environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+        log.info("engine processes preload %s (cpu_malloc = 'tcmalloc'), %s=%s", library, RELEASE_RATE_ENV,
+                 environ[RELEASE_RATE_ENV])
     return library
