@@ -48,10 +48,13 @@ class ServerHandle:
 
 
 def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, admin_key: str = ADMIN_KEY,
-                 data_dir: Path | None = None, host: str = "127.0.0.1", new_session: bool = False) -> ServerHandle:
+                 data_dir: Path | None = None, host: str = "127.0.0.1", own_group: bool = False) -> ServerHandle:
     """Launch ``python -m mia_engine serve`` exactly as a user would, on a loopback address and a free port
     (the admin key through its environment variable, as an operator would keep it out of ``ps``).
-    ``new_session``: its own process group (engine processes included), for tests that kill the group."""
+    ``own_group``: its own process group (engine processes included), for tests that signal or kill the
+    group; in this session, not a new one: Linux schedules each session as one group of its own
+    (autogroup), and a kernel where a busy engine's session then held the other sessions off both cores
+    for seconds froze the test's client mid-stream."""
     port = free_port()
     home, data = tmp / "home", data_dir or tmp / "data"
     log_path = tmp / "server.log"
@@ -64,7 +67,8 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
     if api_key:
         cmd += ["--api-key", api_key]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=new_session)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                process_group=0 if own_group else None)
     connect = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a wildcard bind is reached on loopback
     return ServerHandle(f"http://{connect}:{port}", api_key, proc, log_path, home, data, admin_key)
 
@@ -102,10 +106,10 @@ TRIM_INTERVAL_S = 2
 """The shared server's ``server.malloc_trim_interval_s``."""
 
 
-def _serve_tiny(tmp: Path, *extra: str, new_session: bool = False) -> Iterator[ServerHandle]:
+def _serve_tiny(tmp: Path, *extra: str, own_group: bool = False) -> Iterator[ServerHandle]:
     """A tiny-model server for the fixture's scope (``extra``: its command-line overrides;
-    ``new_session``: as for ``start_server``)."""
-    server = start_server(tmp, "tiny", *extra, new_session=new_session)
+    ``own_group``: as for ``start_server``)."""
+    server = start_server(tmp, "tiny", *extra, own_group=own_group)
     try:
         wait_ready(server)
         yield server

@@ -85,7 +85,7 @@ def shared_memory_of(pgid: int) -> set[Path]:
 
 
 def crash_group(process: subprocess.Popen) -> None:
-    """SIGKILL the whole process group ``process`` leads (a server started with ``new_session``), as a
+    """SIGKILL the whole process group ``process`` leads (a server started with ``own_group``), as a
     power cut would, then remove the shared memory its processes had mapped: the resource tracker that
     would have removed it dies with them, and the test machine's ``/dev/shm`` would keep it."""
     files = shared_memory_of(process.pid)

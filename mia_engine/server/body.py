@@ -20,6 +20,14 @@ def _too_large(max_bytes: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body is larger than {max_bytes} bytes.", code="payload_too_large")
 
 
+UTF8_DECODE_ERROR = "Invalid UTF-8"
+"""The start of msgspec's DecodeError message for a string that is not valid UTF-8 (msgspec >= 0.23)."""
+
+
+def _invalid_utf8() -> BadRequest:
+    return BadRequest("Malformed JSON body: a string is not valid UTF-8.", code="invalid_utf8")
+
+
 async def read_body(request: Request, max_bytes: int) -> bytearray:
     """The whole body, at most ``max_bytes``, in the buffer it was gathered in: not copied into ``bytes``,
     since one copy of a large import (up to ``max_import_bytes``) holds the event loop for tens of
@@ -63,10 +71,11 @@ def decode_body(body: bytes | bytearray, decoder: msgspec.json.Decoder):  # type
     except msgspec.ValidationError as err:
         raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
     except msgspec.DecodeError as err:
+        if UTF8_DECODE_ERROR in str(err):  # msgspec >= 0.23 reports a bad string as a DecodeError
+            raise _invalid_utf8() from None
         raise BadRequest(f"Malformed JSON body: {err}") from None
-    except UnicodeDecodeError as err:  # msgspec checks UTF-8 only in the strings it keeps
-        raise BadRequest(f"Malformed JSON body: a string is not valid UTF-8 ({err.reason}).",
-                         code="invalid_utf8") from None
+    except UnicodeDecodeError:  # msgspec < 0.23 raises Python's error for a bad string it keeps
+        raise _invalid_utf8() from None
     except RecursionError:  # msgspec's depth guard: the body nests deeper than the interpreter's stack allows
         raise BadRequest("Malformed JSON body: arrays and objects are nested too deeply.",
                          code="json_too_deep") from None

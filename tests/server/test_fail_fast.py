@@ -36,7 +36,7 @@ def _error_lines(server: ServerHandle) -> list[str]:
 def test_a_killed_engine_core_ends_the_server(tmp_path: Path) -> None:
     """kill -9 of vLLM's engine core: the server exits 1 within seconds, naming the engine; at log level
     warning neither this process nor vLLM's (its own and its engine's) logs an INFO line."""
-    server = start_server(tmp_path, "tiny", "--server.log_level=warning", new_session=True)
+    server = start_server(tmp_path, "tiny", "--server.log_level=warning", own_group=True)
     try:
         wait_ready(server)
         _engine_core(server).kill()

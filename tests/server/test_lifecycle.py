@@ -25,7 +25,7 @@ LONG_TOKENS = 3000
 @pytest.fixture(scope="module")
 def json_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     # its own process group: the SIGTERM test waits for all of it to exit
-    yield from _serve_tiny(tmp_path_factory.mktemp("json_server"), "--server.log_format=json", new_session=True)
+    yield from _serve_tiny(tmp_path_factory.mktemp("json_server"), "--server.log_format=json", own_group=True)
 
 
 def _records(server: ServerHandle) -> list[dict]:

@@ -24,7 +24,7 @@ def _add(server, body: dict) -> httpx.Response:
 @pytest.mark.slow
 def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
     args = (f"--memory.durability.max_record_bytes={MAX_RECORD_BYTES}",)
-    server = start_server(tmp_path, "tiny", *args, new_session=True)
+    server = start_server(tmp_path, "tiny", *args, own_group=True)
     try:
         wait_ready(server)
         huge = _add(server, {**ADD, "trajectory": "x" * (2 * MAX_RECORD_BYTES)})  # under the body cap

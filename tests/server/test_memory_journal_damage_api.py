@@ -28,7 +28,7 @@ def _add(server, i: int) -> str:
 
 @pytest.mark.slow
 def test_a_flipped_byte_mid_journal_loses_only_its_record(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "tiny", new_session=True)
+    server = start_server(tmp_path, "tiny", own_group=True)
     try:
         wait_ready(server)
         ids = [_add(server, i) for i in range(NUM_ADDS)]

@@ -25,7 +25,7 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path, sigint_ignored: bool) -
     shell does; uvicorn still stops on it, and its re-raised signal is then ignored."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
     try:
-        server = start_server(tmp_path, "tiny", new_session=True)
+        server = start_server(tmp_path, "tiny", own_group=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
