@@ -21,11 +21,7 @@ def _too_large(max_bytes: int) -> PayloadTooLarge:
 
 
 UTF8_DECODE_ERROR = "Invalid UTF-8"
-"""The start of msgspec's DecodeError message for a string that is not valid UTF-8 (msgspec >= 0.23)."""
-
-
-def _invalid_utf8() -> BadRequest:
-    return BadRequest("Malformed JSON body: a string is not valid UTF-8.", code="invalid_utf8")
+"""What msgspec's DecodeError message says of a string that is not valid UTF-8."""
 
 
 async def read_body(request: Request, max_bytes: int) -> bytearray:
@@ -71,11 +67,9 @@ def decode_body(body: bytes | bytearray, decoder: msgspec.json.Decoder):  # type
     except msgspec.ValidationError as err:
         raise BadRequest(f"Invalid request: {err}", param=validation_param(err)) from None
     except msgspec.DecodeError as err:
-        if UTF8_DECODE_ERROR in str(err):  # msgspec >= 0.23 reports a bad string as a DecodeError
-            raise _invalid_utf8() from None
+        if UTF8_DECODE_ERROR in str(err):  # a string the struct keeps (skipped ones are not read)
+            raise BadRequest("Malformed JSON body: a string is not valid UTF-8.", code="invalid_utf8") from None
         raise BadRequest(f"Malformed JSON body: {err}") from None
-    except UnicodeDecodeError:  # msgspec < 0.23 raises Python's error for a bad string it keeps
-        raise _invalid_utf8() from None
     except RecursionError:  # msgspec's depth guard: the body nests deeper than the interpreter's stack allows
         raise BadRequest("Malformed JSON body: arrays and objects are nested too deeply.",
                          code="json_too_deep") from None

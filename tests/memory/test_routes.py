@@ -142,6 +142,12 @@ def test_import_error_names_the_line(client: httpx.Client) -> None:
     assert "line 2" in _error(client.post("/v1/memory/import", content=body, headers=NDJSON), 400)["message"]
 
 
+def test_an_import_line_with_a_string_that_is_not_utf8_is_a_400_naming_the_line(client: httpx.Client) -> None:
+    line = b'{"kind": "meta_plan", "id": "a", "question": "\xc0\xaf", "successful_plan": "s", "failed_plan": "f"}'
+    body = b"\n".join([client.get("/v1/memory/export").content.splitlines()[0], line])
+    assert "line 2" in _error(client.post("/v1/memory/import", content=body, headers=NDJSON), 400)["message"]
+
+
 def test_wrong_method_is_not_a_500(client: httpx.Client) -> None:
     assert client.get("/v1/memory/add").status_code == 404  # read as an id that does not exist
     assert client.put("/v1/memory/stats", json={}).status_code == 405
