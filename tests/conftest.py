@@ -21,6 +21,18 @@ from tests.processes import free_port, stop_process
 API_KEY = "test-api-key-not-secret"
 ADMIN_KEY = "test-admin-key-not-secret"
 START_TIMEOUT_S = 600
+TINY_INDEX_DIR: Path | None = None
+"""One passage-index folder for every tiny-config server of the test session (set by ``_tiny_index_dir``):
+the first start builds it, the others load it instead of encoding the corpus again. Index building
+itself is tested by ``tests/tools`` and the embedded default's first start."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tiny_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    global TINY_INDEX_DIR
+    TINY_INDEX_DIR = tmp_path_factory.mktemp("tiny_index")
+    yield
+    TINY_INDEX_DIR = None
 
 
 @dataclass
@@ -66,6 +78,8 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
            "--port", str(port), "--data-dir", str(data), *extra]
     if api_key:
         cmd += ["--api-key", api_key]
+    if config == "tiny" and TINY_INDEX_DIR is not None and not any(a.startswith("--tools.index_dir") for a in extra):
+        cmd.append(f"--tools.index_dir={TINY_INDEX_DIR}")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 process_group=0 if own_group else None)
