@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     _ensure_msgspec()
-    from mia_engine.learner.config import LearnerConfig
+    from mia_engine.config.learner import LearnerConfig
     from mia_engine.learner.learner import PlannerLearner
 
     dtype = "float32" if args.shape == "tiny" else "bfloat16"

@@ -39,10 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
-from kernels.memory_score_triton import DEFAULT_LAUNCH, LaunchShape  # noqa: E402
+from mia_kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
+from mia_kernels.memory_score_triton import DEFAULT_LAUNCH, LaunchShape  # noqa: E402
 from mia_engine.doctor import cuda_seconds  # noqa: E402
-from mia_engine.memory.config import ScoreWeights  # noqa: E402
+from mia_engine.config.memory import ScoreWeights  # noqa: E402
 
 WEIGHTS = ScoreWeights()
 
@@ -318,8 +318,8 @@ def bench_products(sizes: Sequence[int], dim: int, batches: Sequence[int], stat:
     """The similarity-product alternatives behind the CPU path's choice (fp32, ms)."""
     lines = ["| N | B | numpy q@Kᵀ | torch q@Kᵀ | torch (K@qᵀ)ᵀ | chosen (cpu path) |",
              "|---|---|---|---|---|---|"]
-    # "chosen" is what kernels.memory_score_cpu._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
-    from kernels.memory_score_cpu import _cpu_dot
+    # "chosen" is what mia_kernels.memory_score_cpu._blas_dot picks: numpy for B == 1 or B >= 16, else torch (K@qᵀ)ᵀ.
+    from mia_kernels.memory_score_cpu import _cpu_dot
 
     for num_entries in sizes:
         keys = make_bucket(num_entries, dim, 1, False).keys_q
@@ -348,7 +348,7 @@ def _post_torch(sim: torch.Tensor, usage: torch.Tensor, success: torch.Tensor, l
 
 def _post_numpy(sim: np.ndarray, usage: np.ndarray, success: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     """The same step as the CPU path runs it (single-threaded numpy)."""
-    from kernels.memory_score_cpu import _mask_by_label, _topk_lowest_index
+    from mia_kernels.memory_score_cpu import _mask_by_label, _topk_lowest_index
 
     w = WEIGHTS
     score = sim - sim.min(axis=1)[:, None]
@@ -436,9 +436,9 @@ def bench_gpu(num_entries: int = 1_000_000, dim: int = 384, batches: Sequence[in
 
 def _gpu_breakdown(kwargs: dict, device: torch.device) -> str:
     """B = 1, no captions: each stage of the kernel alone, and torch doing the same job on the same GPU."""
-    from kernels.memory_score_ref import memory_topk_ref
-    from kernels.memory_score_terms import gather_terms
-    from kernels.memory_score_triton import _launch_score_topk, _launch_sim, _launch_terms
+    from mia_kernels.memory_score_ref import memory_topk_ref
+    from mia_kernels.memory_score_terms import gather_terms
+    from mia_kernels.memory_score_triton import _launch_score_topk, _launch_sim, _launch_terms
 
     launch = GPU_SWEEP[0]
     usage, success = kwargs["usage"].float(), kwargs["success"].float()
@@ -473,7 +473,7 @@ def _gpu_breakdown(kwargs: dict, device: torch.device) -> str:
 def _gpu_sweep(bucket: Bucket, device: torch.device, batches: Sequence[int]) -> str:
     """Every pass-1 launch of GPU_SWEEP (pass 1 alone and the whole call), then every pass-2 launch of
     SCORE_SWEEP (the whole call); a launch whose ids differ from the default launch's is marked."""
-    from kernels.memory_score_triton import _launch_sim, memory_topk_triton
+    from mia_kernels.memory_score_triton import _launch_sim, memory_topk_triton
 
     lines = ["| B | block_n | warps | stages | pass 1 ms | whole call ms | ids as default |",
              "|---|---|---|---|---|---|---|"]

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import free_port, launch  # noqa: E402
 
-from mia_engine.memory.config import EmbedderConfig  # noqa: E402
+from mia_engine.config.memory import EmbedderConfig  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
 from mia_engine.tools.corpus import WIKI_OFFLINE, Passage, build_index, load_corpus  # noqa: E402
 from mia_engine.tools.search import LocalSearch, embedder_name  # noqa: E402

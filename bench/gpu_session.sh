@@ -22,6 +22,11 @@ out=${1:-bench/results/gpu}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# This copy is not pip-installed: the checkout itself provides mia_engine, and a private folder provides
+# mia_kernels, the import name setup.py gives the kernels/ folder (package_dir), as a link to it.
+links=$(mktemp -d)
+ln -s "$PWD/kernels" "$links/mia_kernels"
+export PYTHONPATH="$links:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" >/dev/null; then
     wheels=$(mktemp -d)
     "$py" -m pip install -q --no-index --no-deps --target "$wheels" .whl/*.whl >"$out/wheels.txt" 2>&1

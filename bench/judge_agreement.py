@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from mia_engine.agent.answer_choice import ClosedBookChoice  # noqa: E402
 from mia_engine.agent.answer_match import is_match  # noqa: E402
-from mia_engine.agent.config import AgentConfig  # noqa: E402
+from mia_engine.config.agent import AgentConfig  # noqa: E402
 from mia_engine.agent.judge import GroundedJudge  # noqa: E402
 
 

@@ -64,7 +64,7 @@ def child_encoder(steps: int, seed: int) -> dict[str, float]:
     """The sentence encoder itself in bf16: ``steps`` encodes of 1-64 random dev-set questions and README
     lines each, as memory searches and the index build send them (batch size and length vary, so the
     row count of every matmul does)."""
-    from mia_engine.memory.config import EmbedderConfig
+    from mia_engine.config.memory import EmbedderConfig
     from mia_engine.memory.embedder import Embedder
 
     texts = [json.loads(line)["question"] for line in DEVSET.read_text().splitlines() if line.strip()]

@@ -23,7 +23,7 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from mia_engine.memory.config import EmbedderConfig  # noqa: E402
+from mia_engine.config.memory import EmbedderConfig  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
 

@@ -31,9 +31,9 @@ beyond the number of entries of a label hold id -1, score -inf and zeros. N = 0 
 Precision: the query is rounded to the keys' dtype (fp16 keys -> fp16 dot inputs, which is what
 lets the GPU use tensor cores at 1M×384) and every product is accumulated in fp32.
 
-Backends: "torch" is the plain reference (:mod:`kernels.memory_score_ref`); "cpu" is the fast
-vectorised CPU path (:mod:`kernels.memory_score_cpu`); "triton" is the fused kernel
-(:mod:`kernels.memory_score_triton`, which describes its passes); "auto" takes "triton" for CUDA
+Backends: "torch" is the plain reference (:mod:`mia_kernels.memory_score_ref`); "cpu" is the fast
+vectorised CPU path (:mod:`mia_kernels.memory_score_cpu`); "triton" is the fused kernel
+(:mod:`mia_kernels.memory_score_triton`, which describes its passes); "auto" takes "triton" for CUDA
 tensors and "cpu" otherwise, the faster of the two CPU backends from 10k entries up and level with
 "torch" below.
 
@@ -49,9 +49,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from kernels.memory_score_cpu import memory_topk_cpu
-from kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, memory_topk_ref
-from kernels.memory_score_triton import memory_topk_triton, triton
+from mia_kernels.memory_score_cpu import memory_topk_cpu
+from mia_kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, memory_topk_ref
+from mia_kernels.memory_score_triton import memory_topk_triton, triton
 
 __all__ = ["Backend", "ScoreResult", "memory_topk", "memory_topk_cpu", "memory_topk_triton"]
 

@@ -1,6 +1,6 @@
 """Memory-retrieval scoring, CPU fast path: one BLAS product per embedding matrix, then (B, N) numpy.
 
-Contract and score formula: :mod:`kernels.memory_score`, whose ``memory_topk`` picks this path for
+Contract and score formula: :mod:`mia_kernels.memory_score`, whose ``memory_topk`` picks this path for
 CPU tensors (backend "cpu", and "auto" off CUDA), since it is faster than the torch reference from
 about 10k entries up and level with it below.
 """
@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, caption_mask, empty_result
-from kernels.memory_score_terms import gather_terms
+from mia_kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, caption_mask, empty_result
+from mia_kernels.memory_score_terms import gather_terms
 
 __all__ = ["memory_topk_cpu"]
 

@@ -1,7 +1,7 @@
 """Plain torch reference of the memory-retrieval score (paper appendix 10).
 
 This is the obviously-correct version the fused Triton kernel and the CPU fast path in
-:mod:`kernels.memory_score` are tested against. It favours clarity over speed: every term is
+:mod:`mia_kernels.memory_score` are tested against. It favours clarity over speed: every term is
 a named (B, N) tensor and the top-k is a stable full sort, so ties go to the lower row index.
 
 It also owns :class:`ScoreResult`, the result type of the public contract, so that the fast
@@ -90,7 +90,7 @@ def memory_topk_ref(
     k: int,
     weights: ScoreWeightsLike,
 ) -> ScoreResult:
-    """Reference scoring: same contract as :func:`kernels.memory_score.memory_topk`."""
+    """Reference scoring: same contract as :func:`mia_kernels.memory_score.memory_topk`."""
     batch, num_entries = query_q.shape[0], keys_q.shape[0]
     is_captioned = caption_mask(has_caption, query_c, query_q)  # (B,)
     k_eff = min(k, num_entries)

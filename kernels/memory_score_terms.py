@@ -1,12 +1,12 @@
 """The score terms of the selected entries, filled in torch; shared by the CPU and Triton backends
-(:mod:`kernels.memory_score_cpu`, :mod:`kernels.memory_score_triton`)."""
+(:mod:`mia_kernels.memory_score_cpu`, :mod:`mia_kernels.memory_score_triton`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from kernels.memory_score_ref import ScoreResult
+from mia_kernels.memory_score_ref import ScoreResult
 
 
 def gather_terms(

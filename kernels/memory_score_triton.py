@@ -1,6 +1,6 @@
 """Memory-retrieval scoring, the fused two-pass Triton kernel.
 
-Contract and score formula: :mod:`kernels.memory_score`, whose ``memory_topk`` picks this kernel for
+Contract and score formula: :mod:`mia_kernels.memory_score`, whose ``memory_topk`` picks this kernel for
 CUDA tensors (backend "triton", and "auto" on CUDA). ``triton`` is None here when the package is
 not installed; the CPU backends need no Triton.
 
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, caption_mask, empty_result
+from mia_kernels.memory_score_ref import ScoreResult, ScoreWeightsLike, caption_mask, empty_result
 
 try:
     import triton
@@ -180,7 +180,7 @@ def _launch_terms(ids: Tensor, score: Tensor, sim: Tensor, minmax: Tensor, usage
                   eps: float) -> ScoreResult:
     """The winners' score terms in one launch (the same expressions as the reference's, in fp32).
 
-    One kernel because gathering them in torch (kernels.memory_score_terms) takes about 15 small
+    One kernel because gathering them in torch (mia_kernels.memory_score_terms) takes about 15 small
     launches, which on a GPU cost more than pass 1 itself."""
     batch, _, k = ids.shape
     terms = torch.empty((5, batch, 2, k), dtype=torch.float32, device=ids.device)

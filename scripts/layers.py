@@ -4,7 +4,7 @@
 
 Layers, bottom to top (a module may import its own layer and the layers below it)::
 
-    config   mia_engine/config.py, every */config.py, devices.py, base/ (structs, files, readiness,
+    config   mia_engine/config/ (one module per section), devices.py, base/ (structs, files, readiness,
              coalesce, data)
     models   mia_engine/models/
     engines  mia_engine/engines/
@@ -36,7 +36,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 CONFIG_MODULES = {"", "config", "devices"}
 """Top-level modules of the config layer ("" = the package's ``__init__``)."""
 TOP_MODULES = {"cli", "serve", "services", "index", "__main__", "deploy", "evals", "doctor"}
-PACKAGE_LAYERS = {"base": "config", "models": "models", "engines": "engines", "memory": "memory/tools",
+PACKAGE_LAYERS = {"base": "config", "config": "config", "models": "models", "engines": "engines", "memory": "memory/tools",
                   "tools": "memory/tools", "agent": "agent", "learner": "learner", "server": "server"}
 
 
@@ -50,8 +50,6 @@ def module_name(path: Path, root: Path = ROOT) -> str:
 def layer_of(module: str) -> str | None:
     """The layer of ``mia_engine.x.y`` (None: not placed)."""
     parts = module.split(".")[1:]
-    if parts and parts[-1] == "config":
-        return "config"
     head = parts[0] if parts else ""
     if len(parts) <= 1 and head in CONFIG_MODULES:
         return "config"

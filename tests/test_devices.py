@@ -16,9 +16,9 @@ import torch
 from mia_engine.config import load_config
 from mia_engine.devices import STREAM_PRIORITY, gpu_index, resolve_device, resolved_devices, thread_binder
 from mia_engine.engines.adapters import AdapterRegistry
-from mia_engine.learner.config import LearnerConfig
+from mia_engine.config.learner import LearnerConfig
 from mia_engine.learner.ttl import TestTimeLearner
-from mia_engine.memory.config import EmbedderConfig, MemoryConfig
+from mia_engine.config.memory import EmbedderConfig, MemoryConfig
 from mia_engine.memory.embedder import Embedder
 from mia_engine.memory.service import MemoryService
 

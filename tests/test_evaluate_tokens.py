@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mia_engine.agent.config import AgentConfig
+from mia_engine.config.agent import AgentConfig
 from mia_engine.agent.loop import ResearchResult
 from mia_engine.agent.records import PlannerTokens, Rollout, Trajectory
 from mia_engine.agent.turns import ExecutorTurn

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -212,8 +213,9 @@ def test_install_without_a_gpu_leaves_the_driver_alone(tmp_path: Path) -> None:
 
 # --- every imported package is declared ---
 
-SOURCE_ROOTS = ("mia_engine", "kernels")
-"""The shipped packages (setup.py) whose imports are walked."""
+SOURCE_ROOTS = {"mia_engine": "mia_engine", "mia_kernels": "kernels"}
+"""The shipped top-level import packages (setup.py) -> the folder each is read from (``package_dir``); their
+imports are walked. ``test_the_distribution_ships_exactly_these_top_level_packages`` checks it is setup.py's."""
 BACKEND_EXTRAS = ("cpu", "gpu")
 """Every serving install takes one of these: a package both declare counts as required."""
 OPTIONAL_IMPORTS = {"matplotlib": "plot", "pyarrow": "parquet", "ray": "ray"}
@@ -233,11 +235,12 @@ class Import(NamedTuple):
     """False where the import runs inside a function (an optional feature's guarded import)."""
 
 
-def third_party_imports(root: Path, package_roots: tuple[str, ...] = SOURCE_ROOTS) -> list[Import]:
-    """Every absolute import of a non-stdlib, non-project module in the packages' sources."""
+def third_party_imports(root: Path, package_roots: dict[str, str] = SOURCE_ROOTS) -> list[Import]:
+    """Every absolute import of a non-stdlib, non-project module in the packages' sources (``package_roots``:
+    import name -> folder under ``root``)."""
     found: list[Import] = []
-    for package in package_roots:
-        for path in sorted((root / package).rglob("*.py")):
+    for folder in package_roots.values():
+        for path in sorted((root / folder).rglob("*.py")):
             _collect(ast.parse(path.read_text(), str(path)), f"{path.relative_to(root)}", True, found,
                      set(package_roots))
     return found
@@ -305,7 +308,7 @@ def test_an_undeclared_or_eager_optional_import_is_caught(tmp_path: Path) -> Non
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[project]\ndependencies = ["msgspec"]\n'
                          '[project.optional-dependencies]\ntest = ["httpx"]\nplot = ["matplotlib"]\n')
-    problems = undeclared_imports(third_party_imports(tmp_path, ("pkg",)), pyproject)
+    problems = undeclared_imports(third_party_imports(tmp_path, {"pkg": "pkg"}), pyproject)
     assert len(problems) == 2, problems
     assert problems[0].startswith("pkg/eager.py:2: imports matplotlib at module level") and "[plot]" in problems[0]
     assert problems[1].startswith("pkg/server.py:1: imports httpx, which pyproject.toml does not declare")
@@ -318,20 +321,48 @@ def test_plots_and_parquet_are_extras_the_tests_install() -> None:
     assert any(r.name == "mia-engine" and {"plot", "parquet"} <= r.extras for r in test_extra)
 
 
+def _setup_layout() -> dict[str, list[str] | dict[str, str]]:
+    """setup.py's ``packages`` and ``package_dir``, read by running it up to its configuration."""
+    code = ("import json; from distutils.core import run_setup; d = run_setup('setup.py', stop_after='init'); "
+            "print(json.dumps({'packages': d.packages, 'package_dir': d.package_dir}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def built_metadata(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dist-info folder setuptools builds for a wheel of this checkout as it is now (not what is installed)."""
+    folder = tmp_path_factory.mktemp("metadata")
+    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))", str(folder)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr[-2000:]
+    return folder / build.stdout.split()[-1]
+
+
+def test_the_distribution_ships_exactly_these_top_level_packages(built_metadata: Path) -> None:
+    """The installed import names are ours alone: ``mia_engine`` and ``mia_kernels`` (the ``kernels/`` folder).
+    A bare ``kernels`` is Hugging Face's PyPI package (which ``transformers`` can import): installed beside it,
+    one of the two would shadow the other."""
+    layout = _setup_layout()
+    top_level = {package.split(".")[0] for package in layout["packages"]}
+    assert "kernels" not in top_level, "setup.py installs the import package `kernels`, which PyPI's `kernels` owns"
+    assert top_level == set(SOURCE_ROOTS)
+    assert {name: layout["package_dir"].get(name, name) for name in top_level} == SOURCE_ROOTS
+    assert all((ROOT / folder / "__init__.py").is_file() for folder in SOURCE_ROOTS.values())
+    assert set((built_metadata / "top_level.txt").read_text().split()) == top_level
+
+
 # --- LICENSE ---
 
-def test_the_license_file_matches_pyproject_and_ships_in_the_metadata(tmp_path: Path) -> None:
+def test_the_license_file_matches_pyproject_and_ships_in_the_metadata(built_metadata: Path) -> None:
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().splitlines()[0] == "MIT License"
-    build = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
-                            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))", str(tmp_path)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert build.returncode == 0, build.stderr[-2000:]
-    dist_info = tmp_path / build.stdout.split()[-1]
-    metadata = (dist_info / "METADATA").read_text()
+    metadata = (built_metadata / "METADATA").read_text()
     assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
-    assert (dist_info / "licenses" / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+    assert (built_metadata / "licenses" / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
 
 
 # --- the embedded default's data packages ---

@@ -5,7 +5,7 @@ The agent raises ``QuestionRejected``; the server answers it with a 400.
 
 from __future__ import annotations
 
-from .config import AgentRoles
+from ..config.agent import AgentRoles
 from .llm import ChatClient
 
 CONTEXT_SHARE = 4

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from . import prompts
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .llm import ChatClient, Completion, complete_ids, sampling_options
 from .evidence_support import QuestionTerms, is_degenerate, passages_of, salvage, support
 from .records import AnswerSource

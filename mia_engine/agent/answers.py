@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from . import prompts
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .executor_run import ExecutorRun, Messages
 from .llm import sampling_options
 from ..engines.client import SamplingOptions

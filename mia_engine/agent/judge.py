@@ -20,7 +20,7 @@ from typing import Protocol
 from ..engines.client import SamplingOptions
 from . import prompts
 from .answer_match import is_match
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .evidence_support import QuestionTerms, is_degenerate, passages_of, support
 from .executor_run import evidence_texts
 from .llm import ChatClient, complete, sampling_options

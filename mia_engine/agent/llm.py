@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..engines.client import EngineClient, SamplingOptions
-from .config import RoleSampling
+from ..config.agent import RoleSampling
 
 
 class ChatClient(EngineClient, Protocol):

@@ -24,7 +24,7 @@ import msgspec
 from . import judge, prompts
 from .admission import check_fits, check_images
 from .answer_choice import ask_closed_book
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .executor_run import evidence_texts
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think

@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 
 from ..memory.consolidation import choose_rollouts
-from .config import RewardWeights
+from ..config.agent import RewardWeights
 from .model_text import is_think_balanced
 from .plan_decisions import is_exact_yes_no
 from .records import Rollout

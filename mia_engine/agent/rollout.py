@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 
 from . import prompts
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .executor_run import ExecutorRun, ask_for_the_answer, continue_with, record, search_calls, start_run, written_turn
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .answer_choice import AnswerChooser, ClosedBookChoice, OwnAnswer
 from .answers import AnswerStrategy, EvidenceAnswer, TrajectoryAnswer
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .judge import GroundedJudge, LLMGrader, ReviewersJudge, StringMatch, SupervisedJudge, UnsupervisedJudge
 from .plan_forms import PlanForm, PlanReplay, ProsePlan, SearchesPlan
 from .turn_policy import TurnPolicy

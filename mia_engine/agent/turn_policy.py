@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .executor_run import ExecutorRun, search_calls
 from .turns import executor_turn_regex
 from ..tools.calls import ToolCall

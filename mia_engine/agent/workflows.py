@@ -16,7 +16,7 @@ import sys
 from typing import Protocol
 
 from . import prompts
-from .config import AgentConfig
+from ..config.agent import AgentConfig
 from .llm import ChatClient, complete, sampling_options
 from .model_text import strip_think
 from .plan_searches import parse_plan_searches, render_plan_searches

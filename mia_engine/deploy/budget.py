@@ -42,8 +42,8 @@ import msgspec
 
 from ..config import ConfigError, EngineConfig, MIAConfig, resolve_role
 from ..devices import gpu_index, resolved_devices, serving_device_fields
-from ..learner.config import LearnerConfig
-from ..memory.config import EmbedderConfig, MemoryConfig
+from ..config.learner import LearnerConfig
+from ..config.memory import EmbedderConfig, MemoryConfig
 from .shapes import DTYPE_BYTES, DecoderShape, bert_params, decoder_shape, read_config
 
 GIB = 1024**3

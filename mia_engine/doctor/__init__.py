@@ -82,11 +82,11 @@ def _guarded(name: str, check: Callable[[], Check]) -> Check:
 def check_kernel(device: str, is_small: bool) -> Check:
     import torch
 
-    from kernels.memory_score import memory_topk
-    from kernels.memory_score_ref import memory_topk_ref
-    from kernels.memory_score_triton import triton
+    from mia_kernels.memory_score import memory_topk
+    from mia_kernels.memory_score_ref import memory_topk_ref
+    from mia_kernels.memory_score_triton import triton
 
-    from ..memory.config import ScoreWeights
+    from ..config.memory import ScoreWeights
 
     if triton is None:
         return Check("memory kernel", "SKIP", "triton is not installed")
@@ -125,7 +125,7 @@ def check_grpo_step(device: str, is_small: bool, num_layers: int, seq_len: int) 
 
     from ..deploy.budget import GIB, learner_items
     from ..deploy.shapes import decoder_shape
-    from ..learner.config import LearnerConfig
+    from ..config.learner import LearnerConfig
     from ..learner.learner import PlannerLearner
 
     shape = {**(SMALL if is_small else QWEN3_8B), "num_hidden_layers": 2 if is_small else num_layers,

@@ -155,9 +155,9 @@ def _searcher(device: str, num_keys: int) -> Callable[[], None]:
     import torch
     from transformers import BertConfig, BertModel
 
-    from kernels.memory_score import memory_topk
+    from mia_kernels.memory_score import memory_topk
 
-    from ..memory.config import ScoreWeights
+    from ..config.memory import ScoreWeights
 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
@@ -184,7 +184,7 @@ def _learner_step(folder: Path, device: str, shape: dict, num_layers: int, seq_l
     """One GRPO step of a random Qwen3-8B-shaped stack (the doctor's ``grpo`` check's model and batch)."""
     import torch
 
-    from ..learner.config import LearnerConfig
+    from ..config.learner import LearnerConfig
     from ..learner.learner import PlannerLearner
 
     shape = {**shape, "num_hidden_layers": num_layers, "model_type": "qwen3", "tie_word_embeddings": False,

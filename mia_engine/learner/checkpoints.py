@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..base.files import atomic_dir, private_dir, write_file_atomic
-from .config import LearnerConfig
+from ..config.learner import LearnerConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ..base.files import atomic_dir
 from .batching import GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, micro_batches, prepare
-from .config import LearnerConfig
+from ..config.learner import LearnerConfig
 from .grpo import chunked_token_logprobs, grpo_loss
 from .model import autocast, decoder_and_head, load_peft_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .config import LearnerConfig
+from ..config.learner import LearnerConfig
 
 
 class UntrainableBase(ValueError):

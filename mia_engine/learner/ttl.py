@@ -30,7 +30,7 @@ from ..devices import thread_binder
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .batching import GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path, remove_staging
-from .config import LearnerConfig
+from ..config.learner import LearnerConfig
 from .learner import PlannerLearner, StepResult
 from .model import check_trainable_base
 

@@ -13,11 +13,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from .config import ScoreWeights
+from ..config.memory import ScoreWeights
 from .index import GpuPlacement, VectorIndex
 
 ScoreFn = Callable[..., object]
-"""``kernels.memory_score.memory_topk`` or anything with its contract."""
+"""``mia_kernels.memory_score.memory_topk`` or anything with its contract."""
 
 _INITIAL_CAPACITY = 16
 

@@ -10,7 +10,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .config import ClearPolicy
+from ..config.memory import ClearPolicy
 from .entries import MemoryEntry
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..base.packages import MINILM, package_dir
 from ..devices import bind_thread, resolve_device
-from .config import EmbedderConfig
+from ..config.memory import EmbedderConfig
 
 log = logging.getLogger(__name__)
 

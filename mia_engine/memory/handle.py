@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from ..base.readiness import StartupHandle
-from .config import MemoryConfig
+from ..config.memory import MemoryConfig
 from .embedder import TextEncoder
 from .entries import MemoryUnavailable
 from .service import MemoryService

@@ -39,7 +39,7 @@ from typing import BinaryIO, NamedTuple
 import msgspec
 
 from ..base.files import fsync_dir, private_dir, write_file_atomic
-from .config import DurabilityConfig
+from ..config.memory import DurabilityConfig
 from .entries import MemoryEntry, MemoryStoreError, MetaPlanPair, RecordTooLarge
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import numpy as np
 from ..base.coalesce import Coalescer
 from ..devices import thread_binder
 from .buckets import ScoreFn
-from .config import MemoryConfig
+from ..config.memory import MemoryConfig
 from .consolidation import should_store_meta_plan
 from .embedder import Embedder, TextEncoder
 from .entries import (

@@ -22,7 +22,7 @@ import torch
 from ..devices import resolve_device
 from .blas import blas_thread_cap
 from .buckets import Bucket, ScoredRow, ScoreFn
-from .config import MemoryConfig
+from ..config.memory import MemoryConfig
 from .consolidation import entries_to_clear, should_replace
 from .entries import (
     AddResult,
@@ -522,6 +522,6 @@ def store_device(config: MemoryConfig) -> str:
 
 def _default_score_fn() -> ScoreFn:
     """Imported lazily: the kernel module pulls in Triton where it is available."""
-    from kernels.memory_score import memory_topk
+    from mia_kernels.memory_score import memory_topk
 
     return memory_topk

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .config import MemoryConfig, TextLimits
+from ..config.memory import MemoryConfig, TextLimits
 from .entries import BucketKey, InvalidMemory, MemoryEntry, MetaPlanPair, StoredRecord, vector_from_bytes
 
 UNIT_NORM_TOLERANCE = 1e-3

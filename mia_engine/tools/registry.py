@@ -16,7 +16,7 @@ from typing import Any
 
 from . import ToolUnavailable
 from .calls import Observation, ToolCall, truncate_words
-from .config import ToolsConfig
+from ..config.tools import ToolsConfig
 from .image import ImageSearch, render_hits
 from .search import LocalSearch, render_results
 from .web import OFF_MESSAGE, WebSearch

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..base.coalesce import Coalescer
 from .calls import truncate_words
-from .config import ToolsConfig
+from ..config.tools import ToolsConfig
 from .corpus import BuildProgress, Passage, build_index, load_corpus, load_index
 
 RESULT_SEPARATOR = "\n=======\n"

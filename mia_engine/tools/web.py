@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import ToolUnavailable
-from .config import ToolsConfig
+from ..config.tools import ToolsConfig
 from .corpus import Passage
 
 OFF_MESSAGE = "web search is off: set tools.serper_api_key and tools.serper_url"

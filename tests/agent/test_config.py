@@ -7,9 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from mia_engine.agent.config import PROFILES, AgentConfig, StageSampling
+from mia_engine.config.agent import PROFILES, AgentConfig, StageSampling
 from mia_engine.config import ConfigError, load_config, read_toml
-from mia_engine.tools.config import ToolsConfig
+from mia_engine.config.tools import ToolsConfig
 
 
 def test_defaults():
@@ -78,20 +78,11 @@ def test_a_field_the_table_sets_wins_over_its_profile() -> None:
         load_config("default", {"agent.profile": "tiny"})
 
 
-def test_no_agent_field_is_named_like_a_sampling_stage() -> None:
-    """``[agent]`` refuses a stage's name as a moved sampling key, so a field of that name could never be set."""
-    assert not set(AgentConfig.__struct_fields__) & set(StageSampling.__struct_fields__)
-
-
 @pytest.mark.parametrize("stage", sorted(StageSampling.__struct_fields__))
-def test_an_old_sampling_key_is_one_line_naming_its_new_place(stage: str, tmp_path: Path) -> None:
+def test_a_sampling_key_outside_agent_sampling_is_an_unknown_field(stage: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config("tiny", {f"agent.{stage}.max_tokens": 5})
-    assert str(info.value) == f"agent.{stage}: per-stage sampling moved to agent.sampling.{stage}"
-    old_file = tmp_path / "old.toml"
-    old_file.write_text(f'[engines.e]\nmodel = "m"\n[roles.r]\nengine = "e"\n[agent]\n{stage} = {{ max_tokens = 5 }}\n')
-    with pytest.raises(ConfigError, match=f"agent.sampling.{stage}$"):
-        load_config(str(old_file))
+    assert str(info.value) == f"agent: Object contains unknown field `{stage}`"
     sampling = load_config("tiny", {f"agent.sampling.{stage}.max_tokens": 5}).agent.sampling
     assert getattr(sampling, stage).max_tokens == 5
 

@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
-from mia_engine.agent.config import AgentConfig
+from mia_engine.config.agent import AgentConfig
 from mia_engine.agent.judge import (
     LLMGrader,
     StringMatch,

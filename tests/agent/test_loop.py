@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from mia_engine.agent.config import AgentConfig, RoleSampling, StageSampling
+from mia_engine.config.agent import AgentConfig, RoleSampling, StageSampling
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
 from mia_engine.agent.plan_searches import plan_searches_regex
 from mia_engine.agent.executor_run import ExecutorRun, continue_with
 from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHit, SearchResult
-from mia_engine.tools.config import ToolsConfig
+from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.corpus import Passage
 from mia_engine.tools.registry import Tools
 

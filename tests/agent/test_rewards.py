@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mia_engine.agent.config import RewardWeights
+from mia_engine.config.agent import RewardWeights
 from mia_engine.agent.records import Rollout, Trajectory
 from mia_engine.agent.rewards import (
     decision_reward,

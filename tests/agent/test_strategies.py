@@ -13,19 +13,19 @@ from mia_engine.agent import strategies as strategies_module
 from mia_engine.agent import turn_policy
 from mia_engine.agent.admission import QuestionRejected
 from mia_engine.agent.answers import EvidenceAnswer, TrajectoryAnswer
-from mia_engine.agent.config import AgentConfig
+from mia_engine.config.agent import AgentConfig
 from mia_engine.agent.judge import LLMGrader, StringMatch
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest
 from mia_engine.agent.plan_forms import ProsePlan, SearchesPlan
 from mia_engine.agent.strategies import choose_strategies
 from mia_engine.agent.workflows import ExtractiveWorkflow, ManagerSummary, SearchesWorkflow
 from mia_engine.config import load_config
-from mia_engine.tools.config import ToolsConfig
+from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.registry import Tools
 
 DEPARTURES = ("plan_form", "replay_min_similarity", "first_query", "first_image_search", "min_tool_calls",
               "force_final_answer", "answer_from", "workflow_summary", "supervised_judge")
-"""The fields that choose a strategy (``agent/config.py``, the departures' block)."""
+"""The fields that choose a strategy (``config/agent.py``, the departures' block)."""
 TOOLS = Tools(ToolsConfig())
 
 
@@ -33,7 +33,7 @@ def test_the_loop_reads_no_field_that_chooses_a_strategy() -> None:
     """One place chooses: in the agent package only ``strategies.py`` (and the turn policy it builds from
     the config) reads a departure field; the loop, the rollout and the judges call the strategies."""
     package = Path(strategies_module.__file__).parent
-    choosers = {Path(strategies_module.__file__).name, Path(turn_policy.__file__).name, "config.py"}
+    choosers = {Path(strategies_module.__file__).name, Path(turn_policy.__file__).name}
     readers = sorted(f"{path.name}:{node.lineno} config.{node.attr}"
                      for path in package.glob("*.py") if path.name not in choosers
                      for node in ast.walk(ast.parse(path.read_text())) if _reads_config(node, DEPARTURES))

@@ -207,7 +207,7 @@ def test_learner_log_probs_cost_one_logit_chunk_whatever_the_sequence_length(max
     """The log-probs are made ``logit_chunk_size`` positions at a time: their term stays one chunk's
     logits, and only the per-token activations grow with the sequence."""
     from mia_engine.deploy.budget import learner_items
-    from mia_engine.learner.config import LearnerConfig
+    from mia_engine.config.learner import LearnerConfig
 
     shape = decoder_shape(json.loads((FIXTURES / "qwen3-8b" / "config.json").read_text()))
     config = LearnerConfig(dtype="bfloat16", micro_batch_size=1, max_seq_len=max_seq_len, logit_chunk_size=2048)

@@ -67,7 +67,7 @@ async def reached_spawn(self, config_lock=None):
 VLLMEngine.start = reached_spawn
 asyncio.run(services.roles.start())
 print(json.dumps({"asked": asked, "started": started, "error": services.roles._error,
-                  "modules": sorted(m for m in sys.modules if m.startswith(("mia_engine", "kernels")))}))
+                  "modules": sorted(m for m in sys.modules if m.startswith(("mia_engine", "mia_kernels")))}))
 '''
 
 

@@ -22,10 +22,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import memory_score_triton  # noqa: E402  (after TRITON_INTERPRET on purpose)
-from kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
-from kernels.memory_score_ref import memory_topk_ref  # noqa: E402
-from mia_engine.memory.config import ScoreWeights  # noqa: E402
+from mia_kernels import memory_score_triton  # noqa: E402  (after TRITON_INTERPRET on purpose)
+from mia_kernels.memory_score import ScoreResult, memory_topk  # noqa: E402
+from mia_kernels.memory_score_ref import memory_topk_ref  # noqa: E402
+from mia_engine.config.memory import ScoreWeights  # noqa: E402
 
 WEIGHTS = ScoreWeights()
 FIELDS = ("score", "sim", "sim_norm", "value", "freq")
@@ -320,7 +320,7 @@ _COMPILE_FOR_SM90 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels import memory_score_triton as ms
+from mia_kernels import memory_score_triton as ms
 
 def compile_kernel(fn, signature, constexprs):
     source = ASTSource(fn=fn, signature={**signature, **{c: "constexpr" for c in constexprs}}, constexprs=constexprs)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mia_engine.learner.batching import GRPOSample, prepare
-from mia_engine.learner.config import LearnerConfig
+from mia_engine.config.learner import LearnerConfig
 from mia_engine.learner.grpo import chunked_token_logprobs, sequence_token_logprobs
 from mia_engine.learner.learner import PlannerLearner
 

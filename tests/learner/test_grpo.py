@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import torch
 
-from mia_engine.learner.config import LearnerConfig
+from mia_engine.config.learner import LearnerConfig
 from mia_engine.learner.grpo import grpo_loss, sequence_token_logprobs
 
 TEMPERATURE = 0.7

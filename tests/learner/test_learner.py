@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from mia_engine.learner.batching import GRPOSample
 from mia_engine.learner.checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path
-from mia_engine.learner.config import LearnerConfig
+from mia_engine.config.learner import LearnerConfig
 from mia_engine.learner.learner import PlannerLearner
 
 CHOSEN = 777  # the token the synthetic reward pays for

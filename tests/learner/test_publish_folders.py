@@ -14,7 +14,7 @@ import pytest
 
 from mia_engine.base.files import UnsafeFolder
 from mia_engine.learner.checkpoints import AdapterCheckpoints, publish_dir, publish_path, remove_staging
-from mia_engine.learner.config import LearnerConfig
+from mia_engine.config.learner import LearnerConfig
 
 from .test_ttl_durability import _started
 

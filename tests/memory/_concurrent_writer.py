@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mia_engine.memory.config import DurabilityConfig, MemoryConfig
+from mia_engine.config.memory import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import MemoryEntry, RecordTooLarge, vector_to_bytes
 from mia_engine.memory.service import MemoryService, NewMemory
 

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from the tests
 
-from mia_engine.memory.config import EmbedderConfig  # noqa: E402
+from mia_engine.config.memory import EmbedderConfig  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
 from mia_engine.memory.store import ExperienceStore  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from mia_engine.memory.config import DurabilityConfig, MemoryConfig
+from mia_engine.config.memory import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import Label, MemoryEntry, Modality, vector_to_bytes
 from mia_engine.memory.store import ExperienceStore
 

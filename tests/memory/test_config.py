@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from mia_engine.memory.config import MemoryConfig
+from mia_engine.config.memory import MemoryConfig
 
 
 def test_defaults_follow_the_paper_and_reference() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mia_engine.base.files import UnsafeFolder
-from mia_engine.memory.config import DurabilityConfig, MemoryConfig
+from mia_engine.config.memory import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, RecordTooLarge, vector_to_bytes
 from mia_engine.memory.journal import JOURNAL_NAME, SNAPSHOT_NAME, CorruptSnapshot, StoreInUse
 from mia_engine.memory.store import ExperienceStore

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mia_engine.memory.config import EmbedderConfig
+from mia_engine.config.memory import EmbedderConfig
 from mia_engine.engines.cpu.features import cpu_flags
 from mia_engine.memory.embedder import Embedder, default_model_dir, dtype_candidates
 
@@ -96,7 +96,7 @@ async def test_a_full_encoder_queue_refuses_at_once() -> None:
     HTTP) at once instead of waiting behind an ever longer queue."""
     import asyncio
 
-    from mia_engine.memory.config import EmbedderConfig
+    from mia_engine.config.memory import EmbedderConfig
     from mia_engine.memory.embedder import Embedder, EncoderBusy
 
     encoder = Embedder(EmbedderConfig(max_queued_requests=1))

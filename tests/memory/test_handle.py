@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from mia_engine.config import ServerConfig
-from mia_engine.memory.config import MemoryConfig
+from mia_engine.config.memory import MemoryConfig
 from mia_engine.memory.embedder import Embedder
 from mia_engine.memory.entries import MemoryUnavailable
 from mia_engine.memory.handle import MemoryHandle

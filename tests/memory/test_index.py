@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mia_engine.memory.config import DurabilityConfig, MemoryConfig
+from mia_engine.config.memory import DurabilityConfig, MemoryConfig
 from mia_engine.memory.entries import MemoryEntry, MetaPlanPair, vector_from_bytes, vector_to_bytes
 from mia_engine.memory.index import MAX_NUM_REMOVED_ROWS, VectorIndex, gpu_resources
 from mia_engine.memory.store import ExperienceStore

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mia_engine.memory import journal as journal_module
-from mia_engine.memory.config import DurabilityConfig, MemoryConfig, TextLimits
+from mia_engine.config.memory import DurabilityConfig, MemoryConfig, TextLimits
 from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME, SNAPSHOT_NAME, Change
 from mia_engine.memory.validation import TextTooLong
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numpy.random import Generator
 
-from mia_engine.memory.config import ScoreWeights
+from mia_engine.config.memory import ScoreWeights
 from mia_engine.memory.entries import InvalidMemory, MemoryNotFound, MetaPlanPair, vector_to_bytes
 from mia_engine.memory.jsonl import decode_jsonl, encode_jsonl
 from mia_engine.memory.store import ExperienceStore, SearchQuery
@@ -365,7 +365,7 @@ def test_cpu_scoring_caps_openblas_threads_only_while_it_runs(tmp_path: Path, rn
     """``score_cpu_threads``: OpenBLAS's threads are capped inside the score call and restored after it."""
     from threadpoolctl import ThreadpoolController
 
-    from kernels.memory_score import memory_topk
+    from mia_kernels.memory_score import memory_topk
 
     openblas = ThreadpoolController().select(internal_api="openblas")
     default = max(info["num_threads"] for info in openblas.info())

@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from the tests
 
-from mia_engine.memory.config import EmbedderConfig  # noqa: E402
+from mia_engine.config.memory import EmbedderConfig  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
 from mia_engine.tools.corpus import Corpus, build_index, load_corpus  # noqa: E402
 

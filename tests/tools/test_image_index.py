@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageEnhance
 
-from mia_engine.tools.config import ToolsConfig
+from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.image import ImageSearch
 from mia_engine.tools.image_index import MANIFEST, LocalImageIndex, build_image_index
 from mia_engine.tools.calls import ToolCall

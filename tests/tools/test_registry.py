@@ -11,7 +11,7 @@ import pytest
 from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.tools import ToolUnavailable
 from mia_engine.tools.calls import ToolCall
-from mia_engine.tools.config import ToolsConfig
+from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.image import ImageSearch
 from mia_engine.tools.registry import ToolContext, Tools
 from mia_engine.tools.search import LocalSearch

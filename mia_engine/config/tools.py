@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..memory.config import EmbedderConfig
+from .memory import EmbedderConfig
 from ..base.structs import Frozen, require
 
 SearchBackend = Literal["local", "web"]

@@ -185,7 +185,7 @@ class MemoryConfig(Frozen):
     """Where the FAISS nearest-neighbour indexes live: "cpu", or "cuda:N" for GPU N when FAISS was built
     with CUDA (faiss-gpu). Never chosen implicitly: on a GPU box give it the GPU that no engine uses."""
     score_backend: str = "auto"
-    """``backend`` passed to ``kernels.memory_score.memory_topk``."""
+    """``backend`` passed to ``mia_kernels.memory_score.memory_topk``."""
     score_cpu_threads: int = 1
     """OpenBLAS threads the CPU score may use per call; 0 = the library's default (one per core).
     One by default because in a serving process the engine holds the cores and OpenBLAS's threads,

