@@ -11,5 +11,5 @@ KERNELS = [package.replace("kernels", "mia_kernels", 1) for package in find_pack
 setup(
     packages=find_packages(include=["mia_engine", "mia_engine.*"]) + KERNELS + ["mia_engine.configs"],
     package_dir={"mia_kernels": "kernels", "mia_engine.configs": "configs"},
-    package_data={"mia_engine.configs": ["*.toml"]},
+    package_data={"mia_engine.configs": ["*.toml"], "mia_engine.config": ["*.json"]},
 )

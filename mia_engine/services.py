@@ -124,7 +124,7 @@ class Services:
             return
         engine = self.roles.engines[resolve_role(self.config, role)[1].engine]
         try:
-            await self.learner.start(engine.model_dir, engine.dtype, engine.config.vllm.get("quantization"))
+            await self.learner.start(engine.model_dir, engine.dtype, engine.config.quantization)
         except (UntrainableBase, UnsafeFolder) as err:
             log.error("test-time learning off: %s", err)
         except Exception:

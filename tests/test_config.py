@@ -65,7 +65,7 @@ def test_the_onednn_bound_is_a_root_field_and_unknown_in_an_engine_table() -> No
     key like any other (no shim for where it used to be)."""
     with pytest.raises(ConfigError) as info:
         load_config("tiny", {"engines.tiny.cpu_onednn_cache_capacity": 64})
-    assert str(info.value) == "engines.tiny: Object contains unknown field `cpu_onednn_cache_capacity`"
+    assert str(info.value).startswith("engines.tiny.cpu_onednn_cache_capacity: not an engine field nor an engine argument")
     assert load_config("tiny", {"cpu_onednn_cache_capacity": 64}).cpu_onednn_cache_capacity == 64
 
 

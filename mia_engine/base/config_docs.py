@@ -37,11 +37,13 @@ def markdown(text: str) -> str:
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: its attribute docstring (raw)} of a struct class and its bases."""
+    """{field: its attribute docstring (raw)} of a struct class and its bases (or, for a class built from
+    data, its ``__field_docs__``)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is object or not issubclass(klass, msgspec.Struct) or klass is msgspec.Struct:
             continue
+        docs.update(vars(klass).get("__field_docs__", {}))  # a struct built from data (defstruct) brings its own
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError):
@@ -61,6 +63,21 @@ def field_doc(cls: type, field: msgspec.structs.FieldInfo) -> str:
         return own
     struct = _struct_type(field.type)
     return struct.__doc__ or "" if struct is not None else ""
+
+
+@cache
+def borrowed_fields(cls: type) -> frozenset[str]:
+    """Fields documented by a base built from another project's data (``__field_docs__``: vLLM's engine
+    arguments) and not redefined by a class of this one: ``config show`` prints them only where set, and
+    the reference lists them in a table of their own."""
+    borrowed: set[str] = set()
+    for klass in reversed(cls.__mro__):
+        data_docs = vars(klass).get("__field_docs__")
+        if data_docs is not None:
+            borrowed |= set(data_docs)
+        else:
+            borrowed -= set(vars(klass).get("__annotations__", {}))
+    return frozenset(borrowed)
 
 
 def default_of(field: msgspec.structs.FieldInfo) -> Any:
@@ -118,9 +135,12 @@ def _toml_table(struct: msgspec.Struct, path: str) -> Iterator[str]:
         if isinstance(value, msgspec.Struct) or _is_struct_map(value):
             tables.append((field, value))
             continue
-        yield from _comment(field_doc(cls, field))
         default = default_of(field)
-        if default is not msgspec.NODEFAULT and msgspec.to_builtins(default) != msgspec.to_builtins(value):
+        is_default = default is not msgspec.NODEFAULT and msgspec.to_builtins(default) == msgspec.to_builtins(value)
+        if field.name in borrowed_fields(cls) and is_default:
+            continue
+        yield from _comment(field_doc(cls, field))
+        if default is not msgspec.NODEFAULT and not is_default:
             yield f"# default: {toml_value(default)}"
         if value is None:  # TOML has no null: the key stays unset
             yield f"# {_toml_key(field.name)} = (none)"
@@ -141,17 +161,25 @@ def render_markdown(root: type, title: str, intro: str) -> str:
     default, what it does), from the classes, not from a loaded config."""
     lines = [f"# {title}", "", intro, ""]
     for path, cls in _struct_classes(root, ""):
-        lines += [f"## `[{path}]`" if path else "## Top level", "", markdown(cls.__doc__ or ""), "",
-                  "| Field | Type | Default | What it does |", "|---|---|---|---|"]
-        for field in msgspec.structs.fields(cls):
-            if _struct_type(field.type) is not None:
-                continue
-            default = default_of(field)
-            shown = "required" if default is msgspec.NODEFAULT else f"`{toml_value(default)}`".replace("|", "\\|")
-            kind = type_name(field.type).replace("|", "\\|")
-            lines.append(f"| `{field.name}` | `{kind}` | {shown} | {markdown(field_doc(cls, field))} |")
-        lines.append("")
+        fields = [field for field in msgspec.structs.fields(cls) if _struct_type(field.type) is None]
+        own = [field for field in fields if field.name not in borrowed_fields(cls)]
+        borrowed = [field for field in fields if field.name in borrowed_fields(cls)]
+        lines += [f"## `[{path}]`" if path else "## Top level", "", markdown(cls.__doc__ or ""), ""]
+        lines += _field_table(cls, own)
+        if borrowed:
+            base = next(klass for klass in cls.__mro__ if "__field_docs__" in vars(klass))
+            lines += [f"### `[{path}]`: {markdown(base.__doc__ or '')}", ""] + _field_table(cls, borrowed)
     return "\n".join(lines)
+
+
+def _field_table(cls: type, fields: list[msgspec.structs.FieldInfo]) -> list[str]:
+    lines = ["| Field | Type | Default | What it does |", "|---|---|---|---|"]
+    for field in fields:
+        default = default_of(field)
+        shown = "required" if default is msgspec.NODEFAULT else f"`{toml_value(default)}`".replace("|", "\\|")
+        kind = type_name(field.type).replace("|", "\\|")
+        lines.append(f"| `{field.name}` | `{kind}` | {shown} | {markdown(field_doc(cls, field))} |")
+    return lines + [""]
 
 
 def _struct_classes(cls: type, path: str) -> Iterator[tuple[str, type]]:

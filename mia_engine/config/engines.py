@@ -1,15 +1,18 @@
 """``[engines.<name>]``: one vLLM engine per base model, and ``[models]``, where embedded models are built.
-Each engine checks its own fields; which roles use it is the root's rule (``root.py``)."""
+An engine table takes every vLLM engine argument in vLLM's spelling (``vllm_args.py``, from vLLM's own
+``EngineArgs``) and the fields below, which are this engine's own or vLLM's with another default (each
+says why). Each engine checks its own fields; which roles use it is the root's rule (``root.py``)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from ..base.structs import Frozen
 from .errors import check_field, check_non_negative, check_positive
+from .vllm_args import ENGINE_ARGS, VllmEngineArgs, vllm_engine_args
 
 
-class EngineConfig(Frozen):
+class EngineConfig(VllmEngineArgs, kw_only=True):
     """One vLLM engine (one base model); every role on the same base shares it through multi-LoRA."""
 
     model: str
@@ -21,17 +24,13 @@ class EngineConfig(Frozen):
     (``avx512_bf16``/``amx_bf16``), where the engine asks vLLM for float32 (``engines/cpu/options.py``):
     oneDNN's emulated bf16 runs slower than float32. The engine logs what it resolved to."""
     max_model_len: int = 2048
-    """Context length: prompt + completion tokens."""
+    """Context length: prompt + completion tokens (vLLM: the model's; the server sizes its request limits
+    from it before the engine starts)."""
     gpu_memory_utilization: float = 0.3
-    """Fraction of GPU memory for weights + KV cache (on CPU, of a NUMA node's memory)."""
+    """Fraction of GPU memory for weights + KV cache (on CPU, of a NUMA node's memory; vLLM: 0.92, which
+    leaves nothing for the other engines, the encoder and the learner that share the box)."""
     cpu_kv_cache_space_gib: float = 1.0
     """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
-    tensor_parallel_size: int = 1
-    """GPUs one replica of the model is split across (within a node)."""
-    pipeline_parallel_size: int = 1
-    """Pipeline stages of one replica; with ``executor_backend = "ray"`` they can span nodes."""
-    data_parallel_size: int = 1
-    """Replicas of the model (see ``routing``)."""
     devices: list[int] = []
     """GPUs this engine runs on, passed as vLLM's ``device_ids`` (physical ids, or indices into
     ``CUDA_VISIBLE_DEVICES`` when it is set): tensor x pipeline x data-parallel entries, replica by replica.
@@ -43,14 +42,16 @@ class EngineConfig(Frozen):
     replan, the Executor's next step) hit the replica that caches their prefix; requests without a key,
     and all of them with ``load``, are balanced by vLLM."""
     enforce_eager: bool = True
-    """Skip CUDA-graph capture / compilation: faster start, slower decode."""
+    """Skip CUDA-graph capture / compilation: faster start, slower decode (vLLM: off)."""
     enable_prefix_caching: bool = True
-    """Reuse KV blocks of shared prompt prefixes (G plans of one question share the prompt)."""
+    """Reuse KV blocks of shared prompt prefixes: G plans of one question share the prompt (vLLM: its
+    per-model choice)."""
     block_size: int = 0
     """Tokens per KV-cache block; 0 = vLLM's default for the platform (16 on GPUs, 128 on CPU). The prefix
     cache reuses whole blocks only, so a prompt shares nothing shorter than one block."""
     max_num_seqs: int = 256
-    """Sequences decoded together in one step."""
+    """Sequences decoded together in one step (vLLM: its per-platform choice; the warm-up and the request
+    limits need the number before the engine starts)."""
     max_num_batched_tokens: int = 0
     """Tokens (prefill + decode) in one step; 0 = vLLM's default for the platform."""
     warmup_max_seqs: int = 0
@@ -62,22 +63,16 @@ class EngineConfig(Frozen):
     """Threads that run this engine's tokenizer (chat templates, tokenizing, detokenizing) off the event
     loop. The ``tokenizers`` library keeps its BPE word cache per thread (up to ten thousand words each),
     so this count, not the machine's core count, bounds that cache's memory."""
-    language_model_only: bool = False
-    """Serve a vision-language model as text only (vLLM's ``language_model_only``): no image inputs, and
-    no vision-encoder memory reserved for profiling (when no role on it answers image questions)."""
     max_images_per_prompt: int = 1
     """Images one request may carry on a vision-language engine (vLLM's ``limit_mm_per_prompt``; it
     profiles the vision encoder's memory for this many). An image question sends one."""
     enable_lora: bool = True
-    """Serve LoRA adapters on this engine (needed by any role with an adapter)."""
-    max_lora_rank: int = 16
-    """Largest adapter rank that can be loaded."""
+    """Serve LoRA adapters on this engine, needed by any role with an adapter (vLLM: off)."""
     max_loras: int = 4
-    """Distinct adapters in one batch (Planner + Executor versions need at least 2, plus one for a swap)."""
+    """Distinct adapters in one batch: Planner + Executor versions need at least 2, plus one for a swap
+    (vLLM: 1)."""
     max_cpu_loras: int = 8
-    """Adapters cached in host memory (old versions being drained count)."""
-    seed: int = 0
-    """Engine seed (per-request ``seed`` still decides a request's sampling)."""
+    """Adapters cached in host memory, old versions being drained counted (vLLM: ``max_loras``)."""
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
     """vLLM's structured-outputs backend (regex / JSON-schema constrained requests)."""
     compact_json: bool = False
@@ -103,11 +98,6 @@ class EngineConfig(Frozen):
     generates freely and the parser reads the model's own call syntax into ``tool_calls`` (``hermes`` for
     Qwen2.5 and Qwen3); empty = ``auto`` is refused with a 400 naming ``tool_choice``, since nothing could read
     the calls. A name vLLM does not register is refused before any engine starts."""
-    vllm: dict[str, Any] = {}
-    """Further vLLM engine arguments (``AsyncEngineArgs`` fields: ``quantization``, ``kv_cache_dtype``,
-    ``max_logprobs``, ...), passed through as given; a key that is not one of vLLM's is refused before any
-    engine starts, and so is one this table already sets from its own fields (``max_model_len``, ``dtype``,
-    ...: set those fields instead). Empty = none."""
     executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
@@ -132,6 +122,11 @@ class EngineConfig(Frozen):
                     "runs at once")
         self._check_placement()
 
+    def other_vllm_args(self) -> dict[str, object]:
+        """The vLLM engine arguments this table sets, other than vLLM's defaults, that are not fields of
+        this class's own (the engine converts and passes those itself)."""
+        return vllm_engine_args(self, _OWN_VLLM_FIELDS)
+
     def _check_placement(self) -> None:
         replica = self.tensor_parallel_size * self.pipeline_parallel_size
         check_field(self.executor_backend != "uni" or replica == 1, "executor_backend",
@@ -144,6 +139,10 @@ class EngineConfig(Frozen):
                     f"entries, got {len(self.devices)}")
         check_field(len(set(self.devices)) == len(self.devices) and all(d >= 0 for d in self.devices), "devices",
                     "GPU ids must be distinct and >= 0")
+
+
+_OWN_VLLM_FIELDS = frozenset(EngineConfig.__annotations__) & ENGINE_ARGS.keys()
+"""vLLM's engine arguments that ``EngineConfig`` redefines (another default or meaning)."""
 
 
 class ModelsConfig(Frozen):

@@ -5,6 +5,8 @@ overrides, converted into ``MIAConfig`` (each section checks itself) and then ch
 
 from __future__ import annotations
 
+import difflib
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -18,6 +20,7 @@ from .engines import EngineConfig
 from .errors import ConfigError, field_message
 from .roles import RoleConfig
 from .root import MIAConfig, check_sections
+from .vllm_args import VLLM_VERSION
 
 
 def bundled_config(name: str) -> Path | None:
@@ -99,7 +102,17 @@ def _check_named_tables(raw: dict[str, Any]) -> None:
             try:
                 msgspec.convert(table, struct)
             except msgspec.ValidationError as err:
+                unknown = re.fullmatch(r"Object contains unknown field `(.+)`", str(err))
+                if section == "engines" and unknown:
+                    raise ConfigError(_unknown_engine_key(name, unknown[1])) from None
                 raise ConfigError(field_message(err, f"{section}.{name}")) from None
+
+
+def _unknown_engine_key(name: str, key: str) -> str:
+    """An engine key that is neither ours nor vLLM's, with the closest one that is (vLLM's spelling)."""
+    close = difflib.get_close_matches(key, EngineConfig.__struct_fields__, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"engines.{name}.{key}: not an engine field nor an engine argument of vLLM {VLLM_VERSION}{hint}"
 
 
 def _resolve_agent_table(raw: dict[str, Any]) -> None:

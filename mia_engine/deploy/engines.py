@@ -1,5 +1,5 @@
-"""``serve``'s preflight of the engines: each model resolves, each ``vllm`` table and ``tool_call_parser`` is
-vLLM's (before any start)."""
+"""``serve``'s preflight of the engines: each model resolves and each ``tool_call_parser`` is vLLM's (before
+any start; the engine tables' vLLM arguments were checked when the config was read)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import ConfigError, MIAConfig
-from ..engines.engine_args import check_engine_tables
 from ..engines.tool_parsers import check_tool_call_parsers
 from ..models.embedded import is_embedded
 
 
 def check_engines(config: MIAConfig, model_dir: Callable[[str], Path]) -> None:
     """Raise ``ConfigError`` naming the field: an ``engines.<name>.model`` that is neither a folder nor a
-    cached Hugging Face id (embedded models are built at start, not here), or a bad ``vllm`` key."""
+    cached Hugging Face id (embedded models are built at start, not here)."""
     for name, engine in config.engines.items():
         if is_embedded(engine.model):
             continue
@@ -22,10 +21,6 @@ def check_engines(config: MIAConfig, model_dir: Callable[[str], Path]) -> None:
             model_dir(engine.model)
         except FileNotFoundError as err:
             raise ConfigError(f"engines.{name}.model: {err}") from None
-    try:
-        check_engine_tables(config)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
 
 
 def check_engine_parsers(config: MIAConfig) -> None:

@@ -29,7 +29,6 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from ..config import EngineConfig
 from .client import EngineUnavailable
-from .engine_args import engine_arg_names, table_error, vllm_version
 from .platforms import is_cpu_platform
 from .startup import replica_for
 from .teardown import await_begun_teardowns, teardown_timeout_s
@@ -69,16 +68,6 @@ def platform_engine_args(config: EngineConfig) -> dict[str, Any]:
     from . import cpu
 
     return cpu.engine_args(config)
-
-
-def passthrough_engine_args(name: str, config: EngineConfig) -> dict[str, Any]:
-    """The ``[engines.<name>.vllm]`` table, checked (``engine_args.py``); ``ValueError`` names a bad key."""
-    if not config.vllm:
-        return {}
-    error = table_error(name, config.vllm, engine_arg_names(), vllm_version())
-    if error is not None:
-        raise ValueError(error)
-    return dict(config.vllm)
 
 
 _STAT_LOGGER_BUILD = threading.Lock()
@@ -167,8 +156,8 @@ class VLLMEngine:
         return AutoTokenizer.from_pretrained(self.model_dir)
 
     def _engine_args(self) -> AsyncEngineArgs:
-        return AsyncEngineArgs(**{**self._common_engine_args(), **platform_engine_args(self.config),
-                                  **passthrough_engine_args(self.name, self.config)})
+        return AsyncEngineArgs(**{**self.config.other_vllm_args(), **self._common_engine_args(),
+                                  **platform_engine_args(self.config)})
 
     def _common_engine_args(self) -> dict[str, Any]:
         """The engine args on every platform."""
@@ -179,22 +168,16 @@ class VLLMEngine:
             dtype=c.dtype,
             max_model_len=c.max_model_len,
             gpu_memory_utilization=c.gpu_memory_utilization,
-            tensor_parallel_size=c.tensor_parallel_size,
-            pipeline_parallel_size=c.pipeline_parallel_size,
-            data_parallel_size=c.data_parallel_size,
             device_ids=list(c.devices) or None,
             enforce_eager=c.enforce_eager,
             enable_prefix_caching=c.enable_prefix_caching,
             block_size=c.block_size or None,
             max_num_seqs=c.max_num_seqs,
             max_num_batched_tokens=c.max_num_batched_tokens or None,
-            language_model_only=c.language_model_only,
             limit_mm_per_prompt={"image": c.max_images_per_prompt} if self.supports_images else None,
             enable_lora=c.enable_lora,
-            max_lora_rank=c.max_lora_rank,
             max_loras=c.max_loras,
             max_cpu_loras=c.max_cpu_loras,
-            seed=c.seed,
             disable_log_stats=True,
             distributed_executor_backend=executor_backend(c),
             structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,

@@ -90,8 +90,8 @@ def test_the_dry_run_checks_every_adapter(planner_adapter: Path, tiny_base: Path
                                           r"`python -m mia_engine init-adapter --base .*qwen3-8b --rank 64 "
                                           r"--out /nowhere`$"):
         _check(Path("/nowhere"))
-    with pytest.raises(ConfigError, match=r"^roles.planner.adapter: .* rank 8 is not in 1..4"):
-        _check(planner_adapter, **{"engines.qwen3-8b.max_lora_rank": 4})
+    with pytest.raises(ConfigError, match=r"^roles.planner.adapter: .* rank 8 is not in 1..1"):
+        _check(planner_adapter, **{"engines.qwen3-8b.max_lora_rank": 1})  # vLLM takes 1, 8, 16, ...: the one below 8
     other_base = init_adapter(tiny_base, tmp_path / "tiny-adapter", rank=8)  # made for another model
     with pytest.raises(ConfigError, match=r"^roles.planner.adapter: .*layers.0.mlp.down_proj.lora_A.weight has "
                                           r"shape \(8, 256\), the base model needs \(8, 12288\) \(rank 8\)$"):
