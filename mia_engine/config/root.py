@@ -12,8 +12,9 @@ import msgspec
 
 from ..base.structs import Frozen
 from .agent import AgentConfig
+from .cpu import CpuConfig
 from .engines import EngineConfig, ModelsConfig
-from .errors import ConfigError, check_non_negative
+from .errors import ConfigError
 from .gpus import GpusConfig
 from .learner import LearnerConfig
 from .memory import MemoryConfig
@@ -41,26 +42,11 @@ class MIAConfig(Frozen):
     tools: ToolsConfig = ToolsConfig()
     learner: LearnerConfig = LearnerConfig()
     gpus: GpusConfig = GpusConfig()
+    cpu: CpuConfig = CpuConfig()
+    """This process and its engines on vLLM's CPU platform (no effect on a GPU)."""
     """The hardware ``serve --dry-run`` plans for."""
     data_dir: str = ""
     """Durable state (memory store, adapter versions); empty = ``$XDG_DATA_HOME/mia_engine``."""
-    cpu_keep_off_model_cores: bool = False
-    """On CPU, once the engines have started, move this process's threads and the engines' scheduler
-    processes off the cores vLLM pinned its model workers to (``engines/cpu/placement.py``): vLLM
-    reserves the other cores for them but pins nothing there, and the OS kept putting them on the
-    worker's core. Off by default: it speeds up a loop bound by the model worker (``configs/tiny.toml``
-    turns it on) and slowed the embedded default's eval, where more of the work runs in this process.
-    Nothing moves on GPU engines or the ``uni`` executor (no worker is pinned)."""
-    cpu_onednn_cache_capacity: int = 128
-    """oneDNN primitives each CPU process of the server keeps (the engines' processes on vLLM's CPU
-    platform, and this process where an encoder or the learner runs on the CPU), in oneDNN's own cache
-    and in torch's (ideep's) cache of the same primitives (``engines/cpu/onednn.py``); 0 = no oneDNN
-    cache. Their defaults, 1024 each, let a bf16 process grow by one large primitive per (layer shape,
-    tokens in the step) up to that many; 128 keeps memory flat and a step's primitives still cached.
-    No effect on GPU."""
-
-    def __post_init__(self) -> None:
-        check_non_negative("cpu_onednn_cache_capacity", self.cpu_onednn_cache_capacity, "no cache")
 
     def resolved_data_dir(self) -> Path:
         if self.data_dir:

@@ -1,15 +1,66 @@
-"""Which vLLM platform the engines run on, and vLLM's door to this package's CPU platform.
+"""The platform the engines run on, decided once per process, and vLLM's door to this package's CPU platform.
 
-The door stays outside ``engines/cpu/``: vLLM imports every ``vllm.platform_plugins`` entry point's
-module in each process it starts, on every build, and asks it whether it applies; on a GPU build the
-answer is None and the CPU package stays unimported. Like vLLM's own ``vllm/platforms/__init__.py``,
-it names the platform class by qualname and leaves importing it to vLLM.
+``resolve_platform`` asks vLLM which platform it runs on (its own ``current_platform``) and returns the one
+object that says what our engines need there: ``GpuPlatform`` (CUDA: nothing beyond vLLM's own) or
+``CpuPlatform`` (``engines/cpu/serving.py``: the engine args, spawn environment and core placement of
+vLLM's CPU build). The composition root resolves it and hands it to the engines; nothing else asks.
+
+The door (``platform_plugin``) stays outside ``engines/cpu/``: vLLM imports every ``vllm.platform_plugins``
+entry point's module in each process it starts, on every build, and asks it whether it applies; on a GPU
+build the answer is None and the CPU package stays unimported. Like vLLM's own
+``vllm/platforms/__init__.py``, it names the platform class by qualname and leaves importing it to vLLM.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..config.cpu import CpuConfig
+
 CPU_PLATFORM = "mia_engine.engines.cpu.platform.MIACpuPlatform"
 """vLLM's CPU platform with the per-engine choices of ``engines/cpu/options.py``."""
+
+
+class Platform(Protocol):
+    """What our engines need from the platform vLLM runs them on, beyond vLLM's own handling of it."""
+
+    name: str
+
+    def engine_args(self, engine: EngineConfig) -> dict[str, Any]:
+        """vLLM engine args this platform adds to an engine's (they win over the engine's own)."""
+
+    def spawn_env(self, engine: EngineConfig) -> dict[str, str]:
+        """Environment the engine's spawned processes must inherit (vLLM reads these nowhere else)."""
+
+    def after_engines_up(self) -> None:
+        """Called once every engine is up and the passage index built."""
+
+
+class GpuPlatform:
+    """vLLM's CUDA platform: vLLM places, sizes and spawns everything; nothing of ours is added."""
+
+    name = "cuda"
+
+    def engine_args(self, engine: EngineConfig) -> dict[str, Any]:
+        return {}
+
+    def spawn_env(self, engine: EngineConfig) -> dict[str, str]:
+        return {}
+
+    def after_engines_up(self) -> None:
+        return None
+
+
+def resolve_platform(cpu: CpuConfig) -> Platform:
+    """The platform of this process's engines, as vLLM decided it (``current_platform``); ``cpu``: the
+    ``[cpu]`` section, read only on vLLM's CPU platform."""
+    if not is_cpu_platform():
+        return GpuPlatform()
+    from .cpu import CpuPlatform
+
+    return CpuPlatform(cpu)
 
 
 def platform_plugin() -> str | None:

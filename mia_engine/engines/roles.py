@@ -28,7 +28,8 @@ from ..models.embedded import adapter_dir, model_dir
 from .adapters import AdapterRegistry
 from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, ExtractedToolCalls, InvalidGeneration,
                      ModelCard, SamplingOptions, TokenLogprob, TopLogprob)
-from .startup import applied_env, process_state_kept, spawn_env, start_groups, use_spawn
+from .platforms import Platform, resolve_platform
+from .startup import applied_env, process_state_kept, start_groups, use_spawn
 from .tool_parsers import ToolCallParser, check_tool_call_parsers
 from .vllm_engine import VLLMEngine
 from .warmup import warm_up
@@ -58,10 +59,12 @@ class RoleTarget:
 class RoleServer:
     """Starts the engines of a config and serves its roles; implements ``EngineClient``."""
 
-    def __init__(self, config: MIAConfig) -> None:
-        """Build it in the main thread, before any engine starts: it makes vLLM spawn its processes."""
+    def __init__(self, config: MIAConfig, platform: Platform | None = None) -> None:
+        """Build it in the main thread, before any engine starts: it makes vLLM spawn its processes.
+        ``platform``: the one the server resolved (None: resolve it here)."""
         use_spawn()
         self.config = config
+        self.platform = platform or resolve_platform(config.cpu)
         self.home = Path(config.models.home).expanduser() if config.models.home else default_home()
         self.adapters = AdapterRegistry()
         self.engines: dict[str, VLLMEngine] = {}
@@ -92,13 +95,13 @@ class RoleServer:
         loop = asyncio.get_running_loop()
         config_lock = threading.Lock()
         check_tool_call_parsers(self.config)  # before any engine starts
-        envs = {name: spawn_env(self.config, name) for name in self.config.engines}
+        envs = {name: self.platform.spawn_env(engine) for name, engine in self.config.engines.items()}
         for group in start_groups(self.config.engines, envs):
             engines = []
             for name in group:
                 engine_config = self.config.engines[name]
                 path = await loop.run_in_executor(None, model_dir, engine_config.model, self.home)
-                engines.append(VLLMEngine(name, engine_config, path))
+                engines.append(VLLMEngine(name, engine_config, path, self.platform))
                 log.info("starting engine %s from %s", name, path)
             results = await start_together(engines, config_lock, envs[group[0]])
             for engine in engines:  # registered even when a sibling failed, so shutdown() stops them
@@ -291,7 +294,7 @@ class RoleServer:
 async def start_together(engines: Sequence[VLLMEngine], config_lock: threading.Lock,
                          env: Mapping[str, str]) -> list[BaseException | None]:
     """Start a group of engines concurrently (``startup.start_groups`` made it); one result per engine,
-    an exception where it failed. The group's spawn environment ``env`` (``startup.spawn_env``, the same
+    an exception where it failed. The group's spawn environment ``env`` (the platform's ``spawn_env``, the same
     for every member) is set around the starts, and what vLLM changes in this process meanwhile is
     undone once they are up (``startup.process_state_kept``)."""
     with applied_env(env), process_state_kept(env):

@@ -15,7 +15,7 @@ Three rules, each owned here:
 3. **Placement through vLLM's own argument**: ``EngineConfig.devices`` becomes the engine's
    ``device_ids`` (vLLM ≥ 0.32, physical ids, or indices into ``CUDA_VISIBLE_DEVICES`` when that is set),
    never a process-wide ``CUDA_VISIBLE_DEVICES``. On vLLM's CPU platform a few settings are read only from
-   the environment of the spawned child (``engines/cpu/spawn.py``); ``spawn_env`` asks the CPU package for
+   the environment of the spawned child (``engines/cpu/spawn.py``); the platform's ``spawn_env`` asks the CPU package for
    them there and has none on a GPU. They are set from the event-loop thread around a group's start, and
    engines start together only when they need the same environment and disjoint GPUs (``start_groups``).
 """
@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ..devices import serving_device_fields
-from .platforms import is_cpu_platform
 
 if TYPE_CHECKING:
     from ..config import EngineConfig, MIAConfig
@@ -56,16 +55,6 @@ def cuda_components(config: MIAConfig) -> list[str]:
     """Config fields that put a non-engine component on a GPU of this process (empty: none does)."""
     fields = serving_device_fields(config)
     return [name for name, device in fields.items() if device == "auto" or device.startswith("cuda")]
-
-
-def spawn_env(config: MIAConfig, name: str) -> dict[str, str]:
-    """Environment engine ``name``'s spawned processes must inherit (vLLM reads these nowhere else): on
-    vLLM's CPU platform the CPU package's (``engines/cpu/spawn.py``); on a GPU none."""
-    if not is_cpu_platform():
-        return {}
-    from . import cpu
-
-    return cpu.spawn_env(config.engines[name], config.cpu_onednn_cache_capacity)
 
 
 @contextmanager
@@ -119,8 +108,8 @@ def _torch_threads() -> int | None:
 def start_groups(engines: Mapping[str, EngineConfig], envs: Mapping[str, Mapping[str, str]]) -> list[list[str]]:
     """Engines that may start concurrently, group by group, in config order.
 
-    Two engines share a group only when they need the same spawn environment (``envs``, by engine: see
-    ``spawn_env``) and both name their GPUs and the sets are disjoint: vLLM sizes its KV cache from the
+    Two engines share a group only when they need the same spawn environment (``envs``, by engine: the
+    platform's ``spawn_env``) and both name their GPUs and the sets are disjoint: vLLM sizes its KV cache from the
     free memory it measures at start, so an engine starting on a GPU another one is filling would size
     it wrong. No ``devices`` means the default device set (or the CPU): such an engine starts on its own.
     """

@@ -1,8 +1,8 @@
 """One vLLM ``AsyncLLM`` serving one base model (and any number of LoRA adapters on it).
 
-vLLM is configured through engine args (GPUs included: ``devices`` -> ``device_ids``); on vLLM's CPU
-platform the CPU package adds its own (``engines/cpu/options.py``: the dtype ``auto`` asks for, our keys in
-``additional_config``). The few variables its spawned processes read only from the environment are
+vLLM is configured through engine args (GPUs included: ``devices`` -> ``device_ids``); the platform adds
+its own (``platforms.py``; on vLLM's CPU platform the dtype ``auto`` asks for and our keys in
+``additional_config``, ``engines/cpu/options.py``). The few variables its spawned processes read only from the environment are
 applied by the caller around a group of starts (``startup.py``).
 """
 
@@ -28,8 +28,9 @@ from vllm.outputs import RequestOutput
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from ..config import EngineConfig
+from ..config.cpu import CpuConfig
 from .client import EngineUnavailable
-from .platforms import is_cpu_platform
+from .platforms import Platform, resolve_platform
 from .startup import replica_for
 from .teardown import await_begun_teardowns, teardown_timeout_s
 
@@ -58,16 +59,6 @@ def vocab_size(config: dict[str, Any]) -> int:
 def executor_backend(config: EngineConfig) -> str | None:
     """vLLM's ``distributed_executor_backend`` for this engine (None: vLLM decides)."""
     return None if config.executor_backend == "auto" else config.executor_backend
-
-
-def platform_engine_args(config: EngineConfig) -> dict[str, Any]:
-    """The engine args vLLM's CPU platform needs beyond a GPU's (``engines/cpu/options.py: engine_args``);
-    none on a GPU, where the CPU package is never imported."""
-    if not is_cpu_platform():
-        return {}
-    from . import cpu
-
-    return cpu.engine_args(config)
 
 
 _STAT_LOGGER_BUILD = threading.Lock()
@@ -106,9 +97,11 @@ def stat_logger_for(registry: CollectorRegistry) -> type[PrometheusStatLogger]:
 class VLLMEngine:
     """An engine for one base model; ``start`` spawns it without blocking the event loop."""
 
-    def __init__(self, name: str, config: EngineConfig, model_dir: Path) -> None:
+    def __init__(self, name: str, config: EngineConfig, model_dir: Path, platform: Platform | None = None) -> None:
+        """``platform``: the one the server resolved (None: resolve it here, with the ``[cpu]`` defaults)."""
         self.name = name
         self.config = config
+        self.platform = platform or resolve_platform(CpuConfig())
         self.model_dir = model_dir
         self.max_lora_rank = config.max_lora_rank
         model_config = hf_config(model_dir)
@@ -157,7 +150,7 @@ class VLLMEngine:
 
     def _engine_args(self) -> AsyncEngineArgs:
         return AsyncEngineArgs(**{**self.config.other_vllm_args(), **self._common_engine_args(),
-                                  **platform_engine_args(self.config)})
+                                  **self.platform.engine_args(self.config)})
 
     def _common_engine_args(self) -> dict[str, Any]:
         """The engine args on every platform."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..base.packages import MINILM, package_dir
 from ..devices import bind_thread, resolve_device
+from ..base.cpu_features import cpu_flags, has_native_bf16
 from ..config.memory import EmbedderConfig
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,6 @@ def dtype_candidates(config: EmbedderConfig, flags: frozenset[str] | None = None
         return (config.dtype,)
     if config.device != "cpu":
         return ("float32",)
-    from ..engines.cpu import cpu_flags, has_native_bf16  # the CPU's own facts; not imported for a GPU encoder
-
     return ("float32", "bfloat16") if has_native_bf16(cpu_flags() if flags is None else flags) else ("float32",)
 
 

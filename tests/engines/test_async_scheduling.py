@@ -1,4 +1,4 @@
-"""Async scheduling on CPU (``engines.*.cpu_async_scheduling``, on by default): the served engine schedules
+"""Async scheduling on CPU (``engines.*.cpu.async_scheduling``, on by default): the served engine schedules
 its next step while the model runs the current one. Checked against a server with it off: the same greedy
 text for the same requests, and constrained text that stays well formed when many requests share steps."""
 
@@ -19,7 +19,7 @@ REGEX = r"\[(yes|no)\] [a-z]{3,8}( [a-z]{2,6}){0,3}"
 
 @pytest.fixture(scope="module")
 def sync_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("sync_server"), "--engines.tiny.cpu_async_scheduling=false")
+    yield from _serve_tiny(tmp_path_factory.mktemp("sync_server"), "--engines.tiny.cpu.async_scheduling=false")
 
 
 def _greedy(client: OpenAI, model: str, nonce: str, constrained: bool) -> str:

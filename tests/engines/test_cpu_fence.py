@@ -48,7 +48,7 @@ fixtures, data_dir = Path(sys.argv[1]), sys.argv[2]
 args, config = cli.parse_config(
     ["serve", "--config", sys.argv[3], "--data-dir", data_dir,
      *(f"--engines.{name}.model={fixtures / name}" for name in ("qwen3-8b", "qwen2_5-vl-7b", "qwen3-32b")),
-     "--engines.qwen3-32b.cpu_kv_cache_space_gib=4"],  # a CPU-only setting that must not split a GPU group
+     "--engines.qwen3-32b.cpu.kv_cache_space_gib=4"],  # a CPU-only setting that must not split a GPU group
     {"MIA_API_KEY": "api-key-of-16-chars", "MIA_ADMIN_API_KEY": "admin-key-of-16-chars"})
 cli._bound_onednn_caches(config)
 services = Services(config)

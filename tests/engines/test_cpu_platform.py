@@ -17,7 +17,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.platforms.cpu import CpuPlatform
 
 from mia_engine.config import EngineConfig
-from mia_engine.engines.cpu import features
+from mia_engine.config.cpu import CpuEngineConfig
+from mia_engine.base import cpu_features as features
 from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, preload_tcmalloc
 from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, MALLOC_KEY, engine_dtype
 from mia_engine.engines.cpu.platform import VLLM_WORKER_CLS, WORKER_CLS, MIACpuPlatform
@@ -152,8 +153,8 @@ def restored_environ() -> Iterator[None]:
     os.environ.update(saved)
 
 
-@pytest.mark.parametrize(("extra", "ahead"), [({}, None), ({"cpu_async_scheduling": True}, True),
-                                              ({"cpu_async_scheduling": False}, False)])
+@pytest.mark.parametrize(("extra", "ahead"), [({}, None), ({"async_scheduling": True}, True),
+                                              ({"async_scheduling": False}, False)])
 @pytest.mark.usefixtures("restored_environ")
 def test_vllms_engine_config_schedules_ahead_only_where_the_engine_asks(monkeypatch: pytest.MonkeyPatch,
                                                                         tiny_dir: Path, extra: dict,
@@ -164,7 +165,7 @@ def test_vllms_engine_config_schedules_ahead_only_where_the_engine_asks(monkeypa
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = VLLMEngine("e", EngineConfig(model=str(tiny_dir), dtype="bfloat16", gpu_memory_utilization=0.3,
-                                          cpu_malloc="glibc", **extra), tiny_dir)
+                                          cpu=CpuEngineConfig(malloc="glibc", **extra)), tiny_dir)
     args = engine._engine_args()
     config = args.create_engine_config()
     expected = ahead is not False

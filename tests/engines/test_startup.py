@@ -11,10 +11,11 @@ import psutil
 import pytest
 import torch
 
-from mia_engine.config import EngineConfig, load_config
+from mia_engine.config import EngineConfig, MIAConfig, load_config
+from mia_engine.engines.platforms import resolve_platform
 from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, TCMALLOC_NAMES
-from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, spawn_env, start_groups,
+from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, start_groups,
                                         use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.services import Services
@@ -27,6 +28,11 @@ def test_use_spawn_sets_and_overrides_fork() -> None:
     env[MULTIPROC_METHOD_ENV] = "fork"
     use_spawn(env)
     assert env[MULTIPROC_METHOD_ENV] == "spawn"
+
+
+def spawn_env(config: MIAConfig, name: str) -> dict[str, str]:
+    """Engine ``name``'s spawn environment on this machine's platform, as the role server asks for it."""
+    return resolve_platform(config.cpu).spawn_env(config.engines[name])
 
 
 def test_the_role_server_makes_vllm_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +60,7 @@ def test_the_kv_block_size_reaches_vllm_only_when_set(tmp_path: Path) -> None:
 
 
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
-    config = load_config("tiny", {"engines.tiny.cpu_kv_cache_space_gib": 3.0, "cpu_onednn_cache_capacity": 64})
+    config = load_config("tiny", {"engines.tiny.cpu.kv_cache_space_gib": 3.0, "cpu.onednn_cache_capacity": 64})
     env = spawn_env(config, "tiny")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == env["LRU_CACHE_CAPACITY"] == "64"  # oneDNN's and torch's
@@ -73,7 +79,7 @@ def test_the_served_engine_processes_start_with_the_spawn_env(tiny_server) -> No
 @pytest.mark.skipif(not any(map(ctypes.util.find_library, TCMALLOC_NAMES)),
                     reason="no TCMalloc on this system (scripts/install.sh installs it where it may)")
 def test_the_served_engine_processes_run_on_tcmalloc(tiny_server) -> None:
-    """``cpu_malloc = "tcmalloc"`` (the default) as the engine processes have it mapped, not as configured,
+    """``cpu.malloc = "tcmalloc"`` (the default) as the engine processes have it mapped, not as configured,
     told to keep the pages it frees."""
     engine_processes = _engine_processes(tiny_server)
     assert engine_processes

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mia_engine.config.memory import EmbedderConfig
-from mia_engine.engines.cpu.features import cpu_flags
+from mia_engine.base.cpu_features import cpu_flags
 from mia_engine.memory.embedder import Embedder, default_model_dir, dtype_candidates
 
 

@@ -14,7 +14,7 @@ grouped once per step.
 How they reach vLLM, through its extension points and nothing else: the ``vllm.platform_plugins``
 entry point (``engines/platforms.py: platform_plugin``) makes a CPU build of vLLM use ``platform.py``,
 vLLM's CPU platform whose Punica wrapper follows each engine's own config (``additional_config``, key
-``options.LORA_OPS_KEY``, set from ``engines.<name>.cpu_lora_ops``); the grouped wrapper
+``options.LORA_OPS_KEY``, set from ``engines.<name>.cpu.lora_ops``); the grouped wrapper
 (``punica.py``) runs vLLM's own CPU wrapper code on these ops. vLLM's modules are never modified, so
 engines and other vLLM programs in this environment that do not ask for the ops keep vLLM's.
 """

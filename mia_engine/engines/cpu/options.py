@@ -13,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from .features import cpu_flags, emulates_bf16
+from ...base.cpu_features import cpu_flags, emulates_bf16
 
 if TYPE_CHECKING:
     from ...config import EngineConfig
 
 LORA_OPS_KEY = "mia_cpu_lora_ops"
-"""``EngineConfig.cpu_lora_ops``: ``grouped`` builds the grouped Punica wrapper (``punica.py``)."""
+"""``CpuEngineConfig.lora_ops``: ``grouped`` builds the grouped Punica wrapper (``punica.py``)."""
 MALLOC_KEY = "mia_cpu_malloc"
-"""``EngineConfig.cpu_malloc``: ``tcmalloc`` preloads the system's TCMalloc in the engine's processes."""
+"""``CpuEngineConfig.malloc``: ``tcmalloc`` preloads the system's TCMalloc in the engine's processes."""
 ASYNC_SCHEDULING_KEY = "mia_cpu_async_scheduling"
-"""``EngineConfig.cpu_async_scheduling``: true undoes the CPU platform's ``async_scheduling = False``."""
+"""``CpuEngineConfig.async_scheduling``: true undoes the CPU platform's ``async_scheduling = False``."""
 
 ALLOWED: Mapping[str, tuple[object, ...]] = {
     LORA_OPS_KEY: ("vllm", "grouped"),
@@ -35,8 +35,8 @@ ALLOWED: Mapping[str, tuple[object, ...]] = {
 
 def additional_config(engine: EngineConfig) -> dict[str, str | bool]:
     """The engine's choices, under our keys, for vLLM's ``additional_config``."""
-    return {LORA_OPS_KEY: engine.cpu_lora_ops, MALLOC_KEY: engine.cpu_malloc,
-            ASYNC_SCHEDULING_KEY: engine.cpu_async_scheduling}
+    return {LORA_OPS_KEY: engine.cpu.lora_ops, MALLOC_KEY: engine.cpu.malloc,
+            ASYNC_SCHEDULING_KEY: engine.cpu.async_scheduling}
 
 
 def is_ours(additional: object) -> bool:

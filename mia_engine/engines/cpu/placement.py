@@ -5,7 +5,7 @@ leaves the rest to "the scheduler process" (``vllm/utils/ompmultiprocessing.py``
 per worker), but pins nothing else: the engine core, which busy-waits on the worker's queue, and this
 serving process (HTTP, the research loop, the sentence encoder, the learner) float over every core,
 the worker's included, and the OS puts them there. The model step, which bounds throughput, then
-waits for its core. Run once the engines are up when ``cpu_keep_off_model_cores`` is set (off by
+waits for its core. Run once the engines are up when ``cpu.keep_off_model_cores`` is set (off by
 default: it helps where the model worker is the bottleneck, and measured slower where more of the work
 runs in this process).
 

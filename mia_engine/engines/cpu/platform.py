@@ -62,10 +62,10 @@ class MIACpuPlatform(CpuPlatform):
             ("pipeline parallelism", vllm_config.parallel_config.pipeline_parallel_size > 1),
         ) if present]
         if refused:
-            log.warning("cpu_async_scheduling left off: vLLM does not schedule ahead with %s", ", ".join(refused))
+            log.warning("cpu.async_scheduling left off: vLLM does not schedule ahead with %s", ", ".join(refused))
             return
         vllm_config.scheduler_config.async_scheduling = True
-        log.info("the engine schedules ahead: async scheduling on CPU (cpu_async_scheduling)")
+        log.info("the engine schedules ahead: async scheduling on CPU (cpu.async_scheduling)")
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

@@ -48,7 +48,7 @@ def with_ops(base: type, ops: dict[str, object], name: str) -> type:
     called = set().union(*calls.values())
     if called != set(ops):
         raise RuntimeError(f"{base.__qualname__} no longer calls {sorted(set(ops) - called)}: the grouped CPU "
-                           "LoRA ops cannot be used with this vLLM; set engines.<name>.cpu_lora_ops = \"vllm\"")
+                           "LoRA ops cannot be used with this vLLM; set engines.<name>.cpu.lora_ops = \"vllm\"")
     methods = {attr: _on_ops(functions[attr], ops) for attr, used in calls.items() if used}
     return type(name, (base,), {"__module__": __name__, "__doc__": f"{base.__qualname__} on {sorted(ops)}.",
                                 **methods})

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .onednn import onednn_cache_env
+from ...base.onednn import onednn_cache_env
 
 if TYPE_CHECKING:
     from ...config import EngineConfig
 
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-"""vLLM's CPU KV-cache size, in GiB (``EngineConfig.cpu_kv_cache_space_gib``)."""
+"""vLLM's CPU KV-cache size, in GiB (``CpuEngineConfig.kv_cache_space_gib``)."""
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 """vLLM's engine-core process switch; "0" runs the engine core (and with ``uni`` the model) in this process."""
 
 
 def spawn_env(engine: EngineConfig, onednn_cache_capacity: int) -> dict[str, str]:
-    """The KV cache size, the bound on oneDNN's primitive caches (``cpu_onednn_cache_capacity``), and
+    """The KV cache size, the bound on oneDNN's primitive caches (``cpu.onednn_cache_capacity``), and
     for ``executor_backend = "uni"`` the engine core in this process: vLLM's CPU platform turns ``uni``
     into ``mp`` unless multiprocessing is off."""
-    wanted = {KV_CACHE_ENV: str(max(1, round(engine.cpu_kv_cache_space_gib))),
+    wanted = {KV_CACHE_ENV: str(max(1, round(engine.cpu.kv_cache_space_gib))),
               **onednn_cache_env(onednn_cache_capacity)}
     if engine.executor_backend == "uni":
         wanted[MULTIPROCESSING_ENV] = "0"

@@ -1,4 +1,4 @@
-"""The two caches of oneDNN primitives a CPU process keeps, and their bound (``cpu_onednn_cache_capacity``).
+"""The two caches of oneDNN primitives a CPU process keeps, and their bound (``cpu.onednn_cache_capacity``).
 
 torch runs a bf16 matmul on CPU through oneDNN and keeps the primitive it built twice: in ideep's LRU
 cache (``LRU_CACHE_CAPACITY``) and in oneDNN's own process-wide cache
