@@ -9,18 +9,13 @@ import logging
 import signal
 import socket
 import sys
-from pathlib import Path
 from types import FrameType
 
 import uvicorn
 import uvloop
 
 from .config import MIAConfig
-from .server.adapters_api import adapter_routes
-from .server.admission import Admission
 from .server.app import build_app
-from .server.learner_api import learner_routes
-from .server.memory_api import memory_routes
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -61,15 +56,6 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-def adapter_load_dirs(config: MIAConfig) -> list[Path]:
-    """The folders ``POST /v1/adapters/{role}`` may load from: the data dir's adapters folder (the
-    learner's checkpoints and versions), ``learner.publish_dir`` and ``server.adapter_dirs``. Not
-    ``learner.shared_dirs``: those are shared mounts, named for the cluster's reach, not for trust."""
-    learner_dir = [config.learner.publish_dir] if config.learner.publish_dir else []
-    return [config.resolved_data_dir() / "adapters",
-            *(Path(folder).expanduser() for folder in [*learner_dir, *config.server.adapter_dirs])]
-
-
 def _listening_sockets(config: uvicorn.Config, send_buffer_bytes: int) -> list[socket.socket] | None:
     """The listening socket with ``send_buffer_bytes`` as its ``SO_SNDBUF``, which every accepted connection
     inherits; None (uvicorn binds its own, the kernel sizes the buffers) when it is 0."""
@@ -86,15 +72,7 @@ def _stop_reason(sig: int) -> str:
 
 async def _serve(config: MIAConfig) -> str | None:
     services = Services(config)
-    admission = Admission(config.server.admission)
-    routes = [*learner_routes(services.learner, services.roles, config.server, admission),
-              *adapter_routes(services.roles.adapters, config.server, admission, adapter_load_dirs(config)),
-              *memory_routes(services.memory, config.server, admission)]
-    app = build_app(services.roles, config.server, start=lambda: server.run_services(services), stop=services.stop,
-                    extra_routes=routes,
-                    components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
-                    agent=services.agent, metrics=services.metrics, admission=admission,
-                    encoder=lambda: services.encoders[0] if services.encoders else None)
+    app = build_app(services.app_parts(start=lambda: server.run_services(services)))
     server = _Server(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, http="httptools", lifespan="on",
         log_level=config.server.log_level, access_log=config.server.access_log,

@@ -1,5 +1,7 @@
-"""Everything behind the HTTP app, in one object: the shared encoder, the memory store, the engines, the
-test-time learner and the research agent, started in order (``Services.start``) and stopped together.
+"""The composition root: one object builds everything behind the HTTP app (the platform, the engines and
+their roles, the shared encoder, the memory store, the test-time learner, the research agent and its
+tools, the metrics and the admission bounds), starts it in order (``Services.start``), stops it together,
+and hands the HTTP app all of it as one ``AppParts`` (``app_parts``).
 
 The server (``serve.py``) starts them after it listens; the batch commands (``batch.py``, ``evaluate.py``)
 run them in-process, with no HTTP, through ``with_services``.
@@ -11,6 +13,8 @@ import asyncio
 import gc
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from .agent.handle import AgentHandle
@@ -24,6 +28,8 @@ from .learner.model import UntrainableBase
 from .learner.ttl import TestTimeLearner, rollout_samples
 from .memory.embedder import Embedder
 from .memory.handle import MemoryHandle
+from .server.admission import Admission
+from .server.app import AppParts
 from .server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,7 @@ class Services:
     def __init__(self, config: MIAConfig) -> None:
         self.config = config
         self.metrics = Metrics()
+        self.admission = Admission(config.server.admission)
         self.platform = resolve_platform(config.cpu)
         self.roles = RoleServer(config, self.platform)
         self.roles.usage = self.metrics
@@ -88,6 +95,15 @@ class Services:
 
         freeze_gc_heap()  # as vllm serve does once up: full collections then skip the models' and libraries' objects
         maybe_attach_gc_debug_callback()  # VLLM_GC_DEBUG logs each collection here too, as in vLLM's engine core
+
+    def app_parts(self, start: Callable[[], Awaitable[None]]) -> AppParts:
+        """What the HTTP app serves; ``start`` brings these services up once the server listens."""
+        return AppParts(
+            client=self.roles, config=self.config.server, admission=self.admission, metrics=self.metrics,
+            readiness=[("memory_not_ready", self.memory), ("agent_not_ready", self.agent)], agent=self.agent,
+            encoder=lambda: self.encoders[0] if self.encoders else None, learner=self.learner,
+            adapters=self.roles.adapters, adapter_dirs=adapter_load_dirs(self.config), memory=self.memory,
+            start=start, stop=self.stop)
 
     def start_failure(self) -> str | None:
         """After ``start``: the first component that did not start and why, in one line (None: all up)."""
@@ -162,6 +178,15 @@ class Services:
         for encoder in self.encoders:
             encoder.close()
         gc.unfreeze()
+
+
+def adapter_load_dirs(config: MIAConfig) -> list[Path]:
+    """The folders ``POST /v1/adapters/{role}`` may load from: the data dir's adapters folder (the
+    learner's checkpoints and versions), ``learner.publish_dir`` and ``server.adapter_dirs``. Not
+    ``learner.shared_dirs``: those are shared mounts, named for the cluster's reach, not for trust."""
+    learner_dir = [config.learner.publish_dir] if config.learner.publish_dir else []
+    return [config.resolved_data_dir() / "adapters",
+            *(Path(folder).expanduser() for folder in [*learner_dir, *config.server.adapter_dirs])]
 
 
 def _start_error(starting: asyncio.Future) -> str | None:

@@ -20,7 +20,11 @@ def check_field(condition: bool, field: str, problem: str) -> None:
 
 
 def check_positive(field: str, value: int | float) -> None:
-    check_field(value >= 1, field, f"must be >= 1, got {value}")
+    """A count is at least 1; a quantity in a unit (seconds, GiB) is above 0."""
+    if isinstance(value, float):
+        check_field(value > 0, field, f"must be > 0, got {value}")
+    else:
+        check_field(value >= 1, field, f"must be >= 1, got {value}")
 
 
 def check_non_negative(field: str, value: int | float, zero_means: str) -> None:

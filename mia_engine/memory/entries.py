@@ -47,8 +47,9 @@ class BucketKey(NamedTuple):
         return f"{self.modality}/{self.category}"
 
 
-class MemoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="entry", tag_field="kind"):
-    """One workflow memory: what was asked, how it was solved (or failed), and how useful it was."""
+class MemoryCore(msgspec.Struct, frozen=True):
+    """The fields every workflow memory has, stored or shown: the base of the stored record (``MemoryEntry``)
+    and of what the ``/v1/memory`` routes show (``server/memory_bodies.py: MemoryView``)."""
 
     id: str
     """Stable id (uuid4 hex); replacement makes a new id."""
@@ -62,6 +63,11 @@ class MemoryEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="
     """The Manager's compressed trajectory: numbered "**action purpose** (input → output)" steps."""
     label: Label
     """The judge's verdict on the trajectory: a positive or a negative example."""
+
+
+class MemoryEntry(MemoryCore, frozen=True, forbid_unknown_fields=True, tag="entry", tag_field="kind"):
+    """One workflow memory: what was asked, how it was solved (or failed), and how useful it was."""
+
     caption: str | None = None
     """The Manager's caption of the question image, if any."""
     plan: str = ""

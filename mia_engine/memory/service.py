@@ -42,7 +42,9 @@ from .entries import (
     SummarisedRollout,
     vector_to_bytes,
 )
-from .store import ExperienceStore, SearchQuery, store_device
+from .retrieval import SearchQuery
+from .store import ExperienceStore
+from .store_devices import store_device
 from .validation import check_record_texts, check_text_lengths
 
 T = TypeVar("T")

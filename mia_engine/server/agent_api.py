@@ -23,13 +23,14 @@ from ..agent.handle import AgentUnavailable
 from ..agent.loop import ResearchAgent, ResearchRequest, ResearchResult
 from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import ContextLengthError
-from .chat import message_text, sse
+from .chat_messages import message_text
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
 from .images import image_param, image_parts, load_images
 from .limits import check_question
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                             ChunkChoice, Delta)
+from .streaming import sse
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ engine start in the background.
 The server listens at once; the engines start behind it, and until they are up every generation
 request (and ``/health``) answers 503, so clients and orchestrators can wait for readiness.
 
-Each concern builds its own routes (``health_api``, ``models_api``, ``chat_api``, ``openapi``, and the
-``extra_routes`` of ``learner_api``, ``adapters_api``, ``memory_api``); ``build_app`` only wires them.
+Each concern builds its own routes (``health_api``, ``models_api``, ``chat_api``, ``completions_api``,
+``tokenize_api``, ``embeddings_api``, ``learner_api``, ``adapters_api``, ``memory_api``, ``openapi``);
+``build_app`` builds every group from one ``AppParts``, which the composition root (``services.py``) fills.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -25,6 +29,7 @@ from starlette.routing import BaseRoute
 from ..base.heap_trim import trim_heap_periodically
 from ..config import ServerConfig
 from ..engines.client import EngineClient
+from .adapters_api import adapter_routes
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentSource
 from .chat_api import chat_routes
@@ -33,6 +38,8 @@ from .completions_api import completion_routes
 from .embeddings_api import EncoderSource, embedding_routes
 from .errors import APIError
 from .health_api import Readiness, health_routes
+from .learner_api import learner_routes
+from .memory_api import memory_routes
 from .metrics import Metrics
 from .models_api import model_routes
 from .openapi import openapi_routes
@@ -42,37 +49,54 @@ from .tokenize_api import tokenize_routes
 log = logging.getLogger(__name__)
 
 
-def build_app(
-    client: EngineClient,
-    config: ServerConfig,
-    *,
-    start: Callable[[], Awaitable[None]] | None = None,
-    stop: Callable[[], Awaitable[None]] | None = None,
-    extra_routes: Sequence[BaseRoute] = (),
-    components: Sequence[tuple[str, Readiness]] = (),
-    agent: AgentSource | None = None,
-    metrics: Metrics | None = None,
-    admission: Admission | None = None,
-    encoder: EncoderSource | None = None,
-) -> Starlette:
-    """The HTTP app over an ``EngineClient``; ``start``/``stop`` bring the engines up and down.
+@dataclass(frozen=True)
+class AppParts:
+    """Everything the HTTP app serves, built once by the composition root (``services.py: Services``).
+    A part left out leaves its routes out (a test builds an app over a fake engine client alone)."""
 
-    ``components`` are further (code, component) pairs that ``/health`` waits for, e.g. the memory store;
-    ``admission`` is shared with the ``extra_routes`` that bound their own concurrency; ``encoder`` gives the
-    memory's sentence encoder to ``/v1/embeddings`` (no route without it)."""
-    metrics = metrics or Metrics()
-    admission = admission or Admission(config.admission)
+    client: EngineClient
+    config: ServerConfig
+    admission: Admission | None = None
+    """Shared by every route that bounds its concurrency (None: one from ``config.admission``)."""
+    metrics: Metrics | None = None
+    readiness: Sequence[tuple[str, Readiness]] = ()
+    """Further (code, component) pairs ``/health`` waits for besides the engines (memory, agent)."""
+    agent: AgentSource | None = None
+    encoder: EncoderSource | None = None
+    """The memory's sentence encoder, for ``/v1/embeddings``."""
+    learner: Any = None
+    """The test-time learner (``learner/ttl.py``), for the GRPO route."""
+    adapters: Any = None
+    """The adapter registry (``engines/adapters.py``), for listing and publishing adapters."""
+    adapter_dirs: Sequence[Path] = ()
+    """Folders a published adapter may be loaded from."""
+    memory: Any = None
+    """The memory store's handle, for ``/v1/memory``."""
+    start: Callable[[], Awaitable[None]] | None = None
+    """Brings the engines and the rest up once the server listens."""
+    stop: Callable[[], Awaitable[None]] | None = None
+
+
+def build_app(parts: AppParts) -> Starlette:
+    """The HTTP app: every route group of ``parts``, security, deadlines and admission, the lifespan that
+    starts and stops what is behind it."""
+    config, client = parts.config, parts.client
+    metrics = parts.metrics or Metrics()
+    admission = parts.admission or Admission(config.admission)
     routes: list[BaseRoute] = [
-        *health_routes([("engine_not_ready", client), *components], metrics),
-        *model_routes(client, has_agent=agent is not None, encoder=encoder),
-        *chat_routes(client, config, admission, metrics, agent),
-        *completion_routes(client, config, admission, metrics, has_agent=agent is not None),
+        *health_routes([("engine_not_ready", client), *parts.readiness], metrics),
+        *model_routes(client, has_agent=parts.agent is not None, encoder=parts.encoder),
+        *chat_routes(client, config, admission, metrics, parts.agent),
+        *completion_routes(client, config, admission, metrics, has_agent=parts.agent is not None),
         *tokenize_routes(client, config),
-        *(embedding_routes(encoder, config) if encoder is not None else []),
+        *(embedding_routes(parts.encoder, config) if parts.encoder is not None else []),
+        *(learner_routes(parts.learner, client, config, admission) if parts.learner is not None else []),
+        *(adapter_routes(parts.adapters, config, admission, parts.adapter_dirs) if parts.adapters is not None else []),
+        *(memory_routes(parts.memory, config, admission) if parts.memory is not None else []),
     ]
-    routes += [*openapi_routes([*routes, *extra_routes]), *extra_routes]
+    routes.extend(openapi_routes(routes))
     trim_heap = partial(trim_heap_periodically, config.malloc_trim_interval_s, metrics.record_heap_trim)
-    lifespan = EngineLifespan(start, stop, [metrics.watch_loop_lag, trim_heap])
+    lifespan = EngineLifespan(parts.start, parts.stop, [metrics.watch_loop_lag, trim_heap])
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,15 +12,17 @@ import msgspec
 
 from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
-                              InvalidGeneration, SamplingOptions, TokenLogprob)
-from .completion_bodies import CompletionRequest
+                              InvalidGeneration, SamplingOptions)
+from .chat_messages import flatten_message, message_text, template_message, with_tool_fields
+from .completion_parts import choice_logprobs_out, encode_with_logprobs
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .images import image_param, image_parts, load_images
 from .limits import check_prompt_chars
 from .metrics import Metrics
-from .openai_bodies import (MAX_INT, AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatMessage,
-                            Choice, ChoiceLogprobs, ChunkChoice, Delta, DeltaToolCall, TextPart, TokenLogprobOut,
-                            TopLogprobOut, Usage)
+from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
+                            ChunkChoice, Delta, DeltaToolCall, Usage)
+from .sampling import constraint, sampling_options
+from .streaming import chain, sse
 from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, parsed_tool_calls, tool_mode
 
 
@@ -60,34 +60,45 @@ class ChatService:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
-        images: list[Any] = []
-        if parts := image_parts(request.messages):
-            if not self.client.supports_images(request.model):
-                raise BadRequest(f"The model `{request.model}` does not take images (its engine serves a text-only "
-                                 "model); send images to a vision-language role or to `mia`.",
-                                 param=image_param(*parts[0][:2]), code="images_not_supported")
-            images = [item.image for item in await load_images(request.messages, self.config.images)]
+        images = await self._images(request)
         tools = tool_mode(request, can_parse=bool(request.tools) and self.client.parses_tool_calls(request.model))
+        prompt_ids = await self._render(request, images, tools)
+        options = _options(request, self._max_tokens(request, len(prompt_ids)), tools)
+        if tools.parses and tools.tools and not self.client.skips_special_tokens(request.model, tools.tools):
+            options = msgspec.structs.replace(options, skip_special_tokens=False)
+        return PreparedChat(request, prompt_ids, options,
+                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
+
+    async def _images(self, request: ChatCompletionRequest) -> list[Any]:
+        """The request's decoded images (none for a text-only request; refused by a text model)."""
+        if not (parts := image_parts(request.messages)):
+            return []
+        if not self.client.supports_images(request.model):
+            raise BadRequest(f"The model `{request.model}` does not take images (its engine serves a text-only "
+                             "model); send images to a vision-language role or to `mia`.",
+                             param=image_param(*parts[0][:2]), code="images_not_supported")
+        return [item.image for item in await load_images(request.messages, self.config.images)]
+
+    async def _render(self, request: ChatCompletionRequest, images: list[Any], tools: ToolMode) -> list[int]:
+        """The prompt's token ids, by the model's chat template."""
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
         check_prompt_chars(sum(len(message_text(m)) for m in request.messages),
                            self.client.max_model_len(request.model), "messages", self.config.limits)
         try:
             extra = {"tools": tools.tools} if tools.tools else {}
-            prompt_ids = await self.client.render_chat(request.model, messages, **extra)
+            return await self.client.render_chat(request.model, messages, **extra)
         except Exception as err:  # chat templates raise on sequences they don't accept
             raise BadRequest(f"The messages do not fit this model's chat template: {err}", param="messages") from None
+
+    def _max_tokens(self, request: ChatCompletionRequest, num_prompt_tokens: int) -> int:
+        """The completion's budget: what the request asks (else what the context leaves), capped."""
         try:
             max_tokens = self.client.max_tokens_for(
-                request.model, len(prompt_ids), request.max_completion_tokens or request.max_tokens)
+                request.model, num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
-        max_tokens = min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
-        options = _options(request, max_tokens, tools)
-        if tools.parses and tools.tools and not self.client.skips_special_tokens(request.model, tools.tools):
-            options = msgspec.structs.replace(options, skip_special_tokens=False)
-        return PreparedChat(request, prompt_ids, options,
-                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
+        return min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
 
     def check_model(self, model: str) -> None:
         if not self.client.has_model(model):
@@ -150,7 +161,7 @@ class ChatService:
                         num_tokens += d.num_tokens
                         choice = await self._tool_chunk(chat, held[d.index], d) if chat.tools.is_read_whole \
                             else ChunkChoice(d.index, Delta(content=d.text), d.finish_reason,
-                                             _choice_logprobs(d.logprobs) if d.logprobs is not None else None)
+                                             choice_logprobs_out(d.logprobs) if d.logprobs is not None else None)
                         if choice is not None:
                             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
             except (InvalidGeneration, EngineUnavailable) as err:
@@ -184,7 +195,7 @@ class ChatService:
         if delta.finish_reason is None:
             return None
         message, reason = await self._answer(chat, held.text, delta.finish_reason)
-        logprobs = _choice_logprobs(held.logprobs) if held.logprobs is not None else None
+        logprobs = choice_logprobs_out(held.logprobs) if held.logprobs is not None else None
         if isinstance(message.tool_calls, list):
             calls = [DeltaToolCall(i, c.id, c.function) for i, c in enumerate(message.tool_calls)]
             return ChunkChoice(delta.index, Delta(content=message.content or None, tool_calls=calls), reason,
@@ -236,82 +247,10 @@ def refuse_raw_only_fields(request: ChatCompletionRequest) -> None:
                          param=param)
 
 
-def template_message(message: ChatMessage) -> dict[str, Any]:
-    """A message for a vision-language chat template: text and ``{"type": "image"}`` parts, in order."""
-    content = message.content
-    if not isinstance(content, list):
-        return {"role": message.role, "content": content or ""}
-    parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"} for p in content]
-    return {"role": message.role, "content": parts}
-
-
-def message_text(message: ChatMessage) -> str:
-    """The text of a message, its image parts left out (the research agent takes the image separately)."""
-    content = message.content
-    if not isinstance(content, list):
-        return content or ""
-    return "\n".join(p.text for p in content if isinstance(p, TextPart))
-
-
-def with_tool_fields(message: ChatMessage, rendered: dict[str, Any]) -> dict[str, Any]:
-    """``rendered`` with the message's tool calls (arguments as JSON text) and the call it answers."""
-    if message.tool_calls:
-        rendered["tool_calls"] = [msgspec.to_builtins(call) for call in message.tool_calls]
-    if message.tool_call_id is not None:
-        rendered["tool_call_id"] = message.tool_call_id
-    return rendered
-
-
-def flatten_message(index: int, message: ChatMessage) -> dict[str, Any]:
-    """Text content only, for a text model (an image part is refused)."""
-    content = message.content
-    if content is None:
-        return {"role": message.role, "content": ""}
-    if isinstance(content, str):
-        return {"role": message.role, "content": content}
-    texts = []
-    for part in content:
-        if not isinstance(part, TextPart):
-            raise BadRequest("This model does not take images.", param=f"messages[{index}].content")
-        texts.append(part.text)
-    return {"role": message.role, "content": "\n".join(texts)}
-
-
 def _options(request: ChatCompletionRequest, max_tokens: int, tools: ToolMode) -> SamplingOptions:
     regex, json_schema = (None, tools.schema) if tools.calls_tools else constraint(request)
     return sampling_options(request, max_tokens=max_tokens, regex=regex, json_schema=json_schema,
                             logprobs=(request.top_logprobs or 0) if request.logprobs else None)
-
-
-def sampling_options(request: ChatCompletionRequest | CompletionRequest, *, max_tokens: int | None,
-                     logprobs: int | None, regex: str | None, json_schema: dict | None) -> SamplingOptions:
-    """The sampling fields chat and completion requests share, as the engine takes them; the caller decides
-    the budget, the log-probs (the two APIs spell them differently) and the constraint."""
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    return SamplingOptions(
-        n=request.n, temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens, stop=stop,
-        seed=request.seed, logprobs=logprobs, presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty, top_k=request.top_k, min_p=request.min_p,
-        repetition_penalty=request.repetition_penalty, logit_bias=logit_bias_ids(request.logit_bias),
-        min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, regex=regex, json_schema=json_schema,
-    )
-
-
-def logit_bias_ids(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's ``logit_bias`` (token ids as strings) as vLLM takes it: int keys, values clamped to
-    [-100, 100]. An id outside the vocabulary is refused by the engine (also a 400)."""
-    if not logit_bias:
-        return None
-    result = {}
-    for key, bias in logit_bias.items():
-        try:
-            token_id = int(key)
-        except ValueError:
-            raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias") from None
-        if not 0 <= token_id <= MAX_INT:
-            raise BadRequest(f"logit_bias key {key!r} is not a token id.", param="logit_bias")
-        result[token_id] = min(100.0, max(-100.0, bias))
-    return result
 
 
 def _message(tools: ToolMode, text: str, finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
@@ -324,107 +263,6 @@ def _message(tools: ToolMode, text: str, finish_reason: str | None) -> tuple[Ass
     return AssistantMessage(content="" if tools.named else None, tool_calls=calls), reason
 
 
-def constraint(request: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, dict | None]:
-    """(regex, JSON schema) from ``structured_outputs`` or ``response_format``; an invalid regex or schema
-    is refused by the engine when the request is added (also a 400)."""
-    so, fmt = request.structured_outputs, request.response_format
-    if so is not None and fmt is not None and fmt.type != "text":
-        raise BadRequest("Give either structured_outputs or response_format, not both.", param="response_format")
-    if so is not None:
-        given = [name for name in ("regex", "json", "choice") if getattr(so, name) is not None]
-        if len(given) != 1:
-            raise BadRequest("structured_outputs takes exactly one of regex, json, choice.",
-                             param="structured_outputs")
-        if so.choice is not None:
-            return "|".join(re.escape(c) for c in so.choice), None
-        if isinstance(so.json, str):
-            try:
-                schema = msgspec.json.decode(so.json)
-            except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
-                raise BadRequest("structured_outputs.json is not valid JSON.", param="structured_outputs.json") from None
-            if not isinstance(schema, dict):
-                raise BadRequest("structured_outputs.json must be a JSON schema object.",
-                                 param="structured_outputs.json")
-            return None, schema
-        return so.regex, so.json
-    if fmt is None or fmt.type == "text":
-        return None, None
-    if fmt.type == "json_object":
-        return None, {"type": "object"}
-    if fmt.json_schema is None or fmt.json_schema.schema is None:
-        raise BadRequest("response_format of type json_schema needs json_schema.schema.",
-                         param="response_format.json_schema")
-    return None, fmt.json_schema.schema
-
-
-LOGPROB_TOKENS_PER_SLICE = 128
-"""Tokens whose log-probs are built and encoded between two turns of the event loop (a few milliseconds
-with 20 top candidates each)."""
-
-
-async def encode_with_logprobs(completion: ChatCompletion, logprobs: list[list[TokenLogprob]]) -> list[bytes]:
-    """``completion`` encoded in parts with each choice's log-probs (``logprobs[i]`` for ``choices[i]``), slice
-    by slice, giving the event loop a turn between slices: n = 16 choices of 4096 tokens with 20 top
-    candidates are over a million objects (in a thread they would still hold the GIL), and tens of
-    megabytes, which stay in their slices (joined, the copy would hold the loop)."""
-    encoded = []
-    for choice, choice_logprobs in zip(completion.choices, logprobs):
-        head = msgspec.json.encode(msgspec.structs.replace(choice, logprobs=ChoiceLogprobs([])))
-        before, found, after = head.partition(b'"logprobs":{"content":[]}')  # strings escape quotes: found once
-        assert found, "a choice encodes its log-probs field"
-        parts = [before + b'"logprobs":{"content":[']
-        for start in range(0, len(choice_logprobs), LOGPROB_TOKENS_PER_SLICE):
-            content = _choice_logprobs(choice_logprobs[start:start + LOGPROB_TOKENS_PER_SLICE]).content
-            parts.append((b"," if start else b"") + msgspec.json.encode(content)[1:-1])
-            await asyncio.sleep(0)
-        parts.append(b"]}" + after)
-        encoded.append(parts)
-    return splice_choices(completion, encoded)
-
-
-def encode_choices_apart(completion: Any, choices: list[Any]) -> list[bytes]:
-    """``completion`` (a struct with a ``choices`` field) encoded in parts with ``choices``, each encoded on
-    its own: no single encoder call, and no copy into one buffer, holds the interpreter (and so the event
-    loop) for long."""
-    return splice_choices(completion, [[msgspec.json.encode(c)] for c in choices])
-
-
-def splice_choices(completion: Any, encoded: list[list[bytes]]) -> list[bytes]:
-    """``completion`` (a struct with a ``choices`` field) encoded in parts, with its choices given already
-    encoded, each in parts."""
-    head = msgspec.json.encode(msgspec.structs.replace(completion, choices=[]))
-    before, found, after = head.partition(b'"choices":[]')  # quotes inside strings are escaped: found once
-    assert found, "the completion encodes its choices field"
-    parts = [before + b'"choices":[']
-    for index, choice in enumerate(encoded):
-        if index:
-            parts.append(b",")
-        parts += choice
-    parts.append(b"]" + after)
-    return parts
-
-
-def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> ChoiceLogprobs:
-    content = [
-        TokenLogprobOut(lp.token, lp.logprob, tuple(lp.token.encode()),
-                        [TopLogprobOut(t.token, t.logprob, tuple(t.token.encode())) for t in lp.top])
-        for lp in logprobs or []
-    ]
-    return ChoiceLogprobs(content)
-
-
 def usage_of(chat: PreparedChat, completion_tokens: int) -> Usage:
     prompt = len(chat.prompt_ids)
     return Usage(prompt, completion_tokens, prompt + completion_tokens)
-
-
-async def chain(first: list[CompletionDelta], rest: AsyncIterator[list[CompletionDelta]]
-                 ) -> AsyncIterator[list[CompletionDelta]]:
-    if first:
-        yield first
-    async for deltas in rest:
-        yield deltas
-
-
-def sse(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"

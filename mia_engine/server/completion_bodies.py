@@ -8,46 +8,26 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from .openai_bodies import MAX_INT, ResponseFormat, Seed, StreamOptions, StructuredOutputs, Usage
+from .openai_bodies import MAX_INT, SamplingFields, Usage
 
 
-class CompletionRequest(msgspec.Struct):
+class CompletionRequest(SamplingFields):
     model: str
     prompt: str | Annotated[list[Any], Meta(min_length=1)]
     """A string, a list of strings, a list of token ids, or a list of token-id lists (checked in the handler:
     msgspec takes one list type per union)."""
     max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = 16
     """Tokens to generate per completion (OpenAI's and vLLM's default, 16); ``null``: what the context leaves."""
-    n: Annotated[int, Meta(ge=1, le=MAX_INT)] = 1
     best_of: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
     """Only 1 (or ``n``): the engine returns every sequence it samples."""
     echo: bool = False
     """Prepend the prompt's text to each completion."""
     suffix: str | None = None
     """Refused: no model here is trained to fill in the middle."""
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: Seed | None = None
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     """Log-probs of the sampled token and this many most likely ones, per generated token."""
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, float] | None = None
-    """Token id (as a string) -> bias added to its logit, clamped to [-100, 100] (as vLLM does)."""
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    # vLLM's sampling extensions.
-    top_k: Annotated[int, Meta(ge=-1, le=MAX_INT)] | None = None
-    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
-    min_tokens: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
-    ignore_eos: bool = False
     add_special_tokens: bool = True
     """Add the tokenizer's special tokens (e.g. BOS) to a text prompt (vLLM's default)."""
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionLogprobs(msgspec.Struct):

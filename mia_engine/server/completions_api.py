@@ -29,7 +29,10 @@ from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient,
 from .admission import Admission
 from .body import decode_body, read_body
 from .ignored_fields import warn_ignored
-from .chat import ChatService, Generation, chain, constraint, encode_choices_apart, sampling_options, sse
+from .chat import ChatService, Generation
+from .completion_parts import encode_choices_apart
+from .sampling import constraint, sampling_options
+from .streaming import chain, sse
 from .chat_api import until_disconnect
 from .completion_bodies import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from ..memory.entries import Label, MemoryEntry, MemoryHit, Modality, NonEmptyStr, SearchResult
+from ..memory.entries import MemoryCore, MemoryEntry, MemoryHit, Modality, NonEmptyStr, SearchResult
 from ..memory.service import NewMemory
 
 Count = Annotated[int, msgspec.Meta(ge=0, le=1000)]
@@ -30,15 +30,9 @@ class SearchRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     num_negative: Count | None = None
 
 
-class MemoryView(msgspec.Struct, frozen=True):
+class MemoryView(MemoryCore, frozen=True):
     """A memory as the API shows it: every field but the embeddings."""
 
-    id: str
-    modality: Modality
-    category: str
-    question: str
-    workflow_summary: str
-    label: Label
     caption: str | None
     plan: str
     trajectory: str | None
@@ -77,21 +71,8 @@ class ImportResponse(msgspec.Struct, frozen=True):
 
 
 def memory_view(entry: MemoryEntry) -> MemoryView:
-    return MemoryView(
-        id=entry.id,
-        modality=entry.modality,
-        category=entry.category,
-        question=entry.question,
-        workflow_summary=entry.workflow_summary,
-        label=entry.label,
-        caption=entry.caption,
-        plan=entry.plan,
-        trajectory=entry.trajectory,
-        num_uses=entry.num_uses,
-        num_successes=entry.num_successes,
-        created_at=entry.created_at,
-        updated_at=entry.updated_at,
-    )
+    """The entry's value of each field of the view (all but its ``object`` tag, which keeps its default)."""
+    return MemoryView(**{name: getattr(entry, name) for name in MemoryView.__struct_fields__ if name != "object"})
 
 
 def search_response(result: SearchResult) -> SearchResponse:

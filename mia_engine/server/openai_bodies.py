@@ -107,18 +107,16 @@ class ResponseFormat(msgspec.Struct):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct):
-    model: str
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """The fields the chat and text-completion requests share (``sampling.sampling_options`` reads them): a
+    base of both, so each field is declared and checked once. Keyword-only: the subclasses' own fields come
+    first (``model``, then ``messages`` or ``prompt``)."""
+
     n: Annotated[int, Meta(ge=1, le=MAX_INT)] = 1
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     logit_bias: dict[str, float] | None = None
@@ -128,6 +126,21 @@ class ChatCompletionRequest(msgspec.Struct):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's sampling extensions.
+    top_k: Annotated[int, Meta(ge=-1, le=MAX_INT)] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1, le=MAX_INT)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     """Default: ``auto`` with ``tools``, else ``none``; ``required`` and a named function are enforced by
@@ -138,12 +151,6 @@ class ChatCompletionRequest(msgspec.Struct):
     """OpenAI's deprecated function calling: refused (use ``tools``)."""
     function_call: str | dict | None = None
     """OpenAI's deprecated function calling: refused (use ``tool_choice``)."""
-    # vLLM's sampling extensions.
-    top_k: Annotated[int, Meta(ge=-1, le=MAX_INT)] | None = None
-    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0)] | None = None
-    min_tokens: Annotated[int, Meta(ge=0, le=MAX_INT)] = 0
-    ignore_eos: bool = False
     # Research-agent fields (model ``mia``); ignored by the raw roles.
     ground_truth: str | list[str] | None = None
     """Acceptable answers: the judge grades against them (supervised)."""

@@ -22,7 +22,7 @@ from .. import __version__
 from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import EngineClient
 from .body import read_json
-from .chat import flatten_message
+from .chat_messages import flatten_message
 from .errors import BadRequest, NotFound, Unavailable
 from .openai_bodies import MAX_INT, ChatMessage
 from .openapi import ApiRoute

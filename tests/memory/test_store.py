@@ -12,7 +12,8 @@ from numpy.random import Generator
 from mia_engine.config.memory import ScoreWeights
 from mia_engine.memory.entries import InvalidMemory, MemoryNotFound, MetaPlanPair, vector_to_bytes
 from mia_engine.memory.jsonl import decode_jsonl, encode_jsonl
-from mia_engine.memory.store import ExperienceStore, SearchQuery
+from mia_engine.memory.retrieval import SearchQuery
+from mia_engine.memory.store import ExperienceStore
 
 from .factories import DIM, StoreOpener, FakeClock, make_entry, memory_config, state_of, unit
 

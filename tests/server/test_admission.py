@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 
 from mia_engine.config import AdmissionConfig
@@ -250,13 +251,14 @@ def test_requests_with_bodies_have_one_bound_over_all_routes() -> None:
     from starlette.testclient import TestClient
 
     from mia_engine.config import ServerConfig
-    from mia_engine.server.app import build_app
+    from mia_engine.server.app import AppParts, build_app
 
     from .test_openapi import _Engine
 
-    admission = AdmissionConfig(max_concurrent_bodies=0, max_queue_wait_s=0.01)
+    admission = AdmissionConfig(max_queue_wait_s=0.01)
+    msgspec.structs.force_setattr(admission, "max_concurrent_bodies", 0)  # no config allows 0: forced here
     config = ServerConfig(allowed_hosts=["testserver"], admission=admission)
-    client = TestClient(build_app(_Engine(), config))  # type: ignore[arg-type]
+    client = TestClient(build_app(AppParts(_Engine(), config)))  # type: ignore[arg-type]
     response = client.post("/v1/chat/completions", json={"model": "planner", "messages": []})
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
     assert client.get("/openapi.json").status_code == 200

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.samples import Sample
 
 from mia_engine.engines.client import TokenLogprob, TopLogprob
-from mia_engine.server.chat import encode_with_logprobs
+from mia_engine.server.completion_parts import encode_with_logprobs
 from mia_engine.server.openai_bodies import AssistantMessage, ChatCompletion, Choice, Usage
 from tests.conftest import scrape_metrics
 

@@ -240,7 +240,7 @@ def test_deep_nesting_elsewhere_is_refused_or_ignored_not_raised() -> None:
     tool-call reader, a structured-outputs schema given as a string."""
     from mia_engine.memory.entries import InvalidMemory
     from mia_engine.memory.jsonl import decode_jsonl
-    from mia_engine.server.chat import constraint
+    from mia_engine.server.sampling import constraint
     from mia_engine.server.ignored_fields import warn_ignored
     from mia_engine.server.tool_calls import ToolMode, parse_tool_calls
 
@@ -267,7 +267,7 @@ def test_deeply_nested_model_output_is_an_invalid_tool_call_not_an_error() -> No
 
 
 def test_a_logit_bias_key_beyond_any_token_id_is_a_400() -> None:
-    from mia_engine.server.chat import logit_bias_ids
+    from mia_engine.server.sampling import logit_bias_ids
 
     for key in ("9" * 400, "9" * 5000, "2147483648", "-1"):
         with pytest.raises(BadRequest, match="is not a token id"):

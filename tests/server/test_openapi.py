@@ -7,8 +7,8 @@ import msgspec
 from starlette.testclient import TestClient
 
 from mia_engine.config import ServerConfig
-from mia_engine.server.app import build_app
-from mia_engine.server.learner_api import GRPORequest, learner_routes
+from mia_engine.server.app import AppParts, build_app
+from mia_engine.server.learner_api import GRPORequest
 from mia_engine.server.openai_bodies import ChatCompletionRequest
 
 ADMIN_KEY = "admin-key-of-this-test"
@@ -37,7 +37,7 @@ class _Learner:
 
 
 def _client() -> TestClient:
-    app = build_app(_Engine(), CONFIG, extra_routes=learner_routes(_Learner(), _Engine(), CONFIG))  # type: ignore[arg-type]
+    app = build_app(AppParts(_Engine(), CONFIG, learner=_Learner()))  # type: ignore[arg-type]
     return TestClient(app)
 
 

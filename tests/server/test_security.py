@@ -187,11 +187,11 @@ def test_a_loopback_server_without_a_key_refuses_a_foreign_host(host: str) -> No
     from starlette.testclient import TestClient
 
     from mia_engine.config import ServerConfig
-    from mia_engine.server.app import build_app
+    from mia_engine.server.app import AppParts, build_app
 
     from .test_openapi import _Engine
 
-    client = TestClient(build_app(_Engine(), ServerConfig()))  # type: ignore[arg-type]
+    client = TestClient(build_app(AppParts(_Engine(), ServerConfig())))  # type: ignore[arg-type]
     response = client.get("/health", headers={"Host": host})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_host"
     assert client.get("/health", headers={"Host": "127.0.0.1:8000"}).status_code != 400
@@ -203,13 +203,12 @@ def test_without_an_admin_key_no_request_is_in_the_admin_scope() -> None:
     from starlette.testclient import TestClient
 
     from mia_engine.config import ServerConfig
-    from mia_engine.server.app import build_app
-    from mia_engine.server.learner_api import learner_routes
+    from mia_engine.server.app import AppParts, build_app
 
     from .test_openapi import GROUP, _Engine, _Learner
 
     config = ServerConfig(allowed_hosts=["testserver"])
-    client = TestClient(build_app(_Engine(), config, extra_routes=learner_routes(_Learner(), _Engine(), config)))  # type: ignore[arg-type]
+    client = TestClient(build_app(AppParts(_Engine(), config, learner=_Learner())))  # type: ignore[arg-type]
     for headers in ({}, _headers("any-key-at-all-0123")):
         response = client.post("/v1/adapters/planner/grpo", json={"groups": [GROUP]}, headers=headers)
         assert response.status_code == 403 and response.json()["error"]["code"] == "admin_key_required"

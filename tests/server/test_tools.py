@@ -84,7 +84,7 @@ def test_a_tool_result_continues_the_conversation(openai_client: OpenAI) -> None
 
 
 def test_calls_and_call_ids_are_handed_to_the_template() -> None:
-    from mia_engine.server.chat import flatten_message, with_tool_fields
+    from mia_engine.server.chat_messages import flatten_message, with_tool_fields
     from mia_engine.server.openai_bodies import ChatMessage, FunctionCall, ToolCall
 
     call = ToolCall("call-1", FunctionCall("get_weather", '{"city": "Paris"}'))
