@@ -73,8 +73,12 @@ def main() -> None:
     if args.tree is not None:
         print(PREFIX + json.dumps(asyncio.run(one_start(args))), flush=True)
         return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's bench/, for the result file
+    from bench.results_io import Result
+
+    result = Result("ab")
     rates: dict[str, list[float]] = {"A": [], "B": []}
-    for which in order(args.starts):
+    for start_index, which in enumerate(order(args.starts)):
         tree = args.trees[which].resolve()
         child = [sys.executable, str(Path(__file__).resolve()), *map(str, args.trees), "--one-start", str(tree),
                  "--passes", str(args.passes), "--questions", str(args.questions), "--rollouts", str(args.rollouts),
@@ -85,14 +89,12 @@ def main() -> None:
             raise SystemExit(f"the start on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         got = json.loads(line.removeprefix(PREFIX))
         rates["AB"[which]] += got
+        for pass_index, rate in enumerate(got):
+            result.add_run(tree="AB"[which], start=start_index, pass_index=pass_index, questions_per_s=rate)
         print(f"{'AB'[which]} ({tree}): {', '.join(f'{r:.2f}' for r in got)} q/s", flush=True)
     summary = {"q_per_s": rates, "median_A": statistics.median(rates["A"]), "median_B": statistics.median(rates["B"])}
     summary["B_over_A"] = summary["median_B"] / summary["median_A"]
-    print(json.dumps(summary, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary},
-                                       indent=1))
+    result.write(args.out, summary, args, trees={"A": str(args.trees[0].resolve()), "B": str(args.trees[1].resolve())})
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import sys
 import time
@@ -158,7 +157,7 @@ def forced(name: str, fn: Callable[[], object]) -> Callable[[], object]:
 VARIED_COUNTS = 256
 """With ``--vary``, each call takes the next of this many token counts around the nominal one (from
 ``max(1, tokens - 128)``, so the nominal count is their mean from 128 tokens up): more distinct shapes
-than the engines' oneDNN caches keep (``cpu_onednn_cache_capacity``, 128), as in serving, where the
+than the engines' oneDNN caches keep (``cpu.onednn_cache_capacity``, 128), as in serving, where the
 count changes every step."""
 
 
@@ -226,17 +225,19 @@ def main() -> None:
                         help="torch threads (0: torch's default); vLLM's CPU model worker runs one per core it holds")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    from bench.results_io import Result
+
+    result = Result("cpu_lora")
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     rows = (run_layers(args.tokens, args.rounds, args.min_s, dtype, args.vary) if args.layers
             else run(args.tokens, args.rounds, args.min_s, dtype))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                        "torch_threads": torch.get_num_threads(),
-                                        "gather_max_elements": cpu_lora.GATHER_MAX_ELEMENTS,
-                                        "masked_max_macs": getattr(cpu_lora, "MASKED_MAX_MACS", None), "rows": rows}, indent=1))
+    for row in rows:  # one run per shape and token count, its rounds' timings inside
+        result.add_run(**row)
+    result.write(args.out, None, args, torch_threads=torch.get_num_threads(),
+                 gather_max_elements=cpu_lora.GATHER_MAX_ELEMENTS,
+                 masked_max_macs=getattr(cpu_lora, "MASKED_MAX_MACS", None))
 
 
 # ---- pytest-benchmark entry points (python -m pytest bench/bench_cpu_lora.py --benchmark-only) ----------

@@ -10,7 +10,6 @@ CPU's bf16-related flags and the load average, since the machine may be shared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -23,8 +22,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.results_io import Result  # noqa: E402
 from bench.servers import free_port, stop_process  # noqa: E402
-from mia_engine.engines.cpu.features import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
+from mia_engine.base.cpu_features import NATIVE_BF16_FLAGS, cpu_flags  # noqa: E402
 
 
 def time_to_ready(config: str, home: Path, data: Path, log_path: Path, timeout_s: float) -> float:
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default="bench/results/first_start.json")
     args = parser.parse_args()
+    result = Result("first_start")
     flags = cpu_flags()
     with tempfile.TemporaryDirectory(prefix="mia-first-start-") as tmp:
         home, data = Path(tmp) / "home", Path(tmp) / "data"
@@ -72,9 +73,8 @@ def main() -> None:
         "cpu_avx512": sorted(f for f in flags if f.startswith("avx512")), "cpus": os.cpu_count(),
         "load_average_after_first_start": [round(x, 2) for x in load_first],
     }
-    print(json.dumps(report, indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    result.add_run(first_start_s=report["first_start_s"], restart_s=report["restart_s"])
+    result.write(args.out, report, args)
 
 
 if __name__ == "__main__":

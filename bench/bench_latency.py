@@ -40,6 +40,7 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import free_port  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
@@ -252,7 +253,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
                         help="config override, e.g. --set=--tools.index_dir=/path")
     args = parser.parse_args()
-    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+    result = Result("latency")
+    summary = asyncio.run(main_async(args))
+    for index, row in enumerate(summary.pop("rows")):  # one run per question (its repeats' medians)
+        result.add_run(question_index=index, **row)
+    report(summary, args.out, result=result, args=args)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_scaling import synthetic_entries  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.memory.embedder import Embedder  # noqa: E402
@@ -44,7 +45,7 @@ async def one_round(service: MemoryService, questions: list[str]) -> tuple[float
     return len(questions) / (time.perf_counter() - start), latencies
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace, result: Result) -> dict:
     memory = load_config(args.config).memory
     memory = msgspec.structs.replace(memory, max_num_stored=args.entries + 1000)
     encoder = Embedder(memory.embedder)
@@ -71,6 +72,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 rates[name].append(rate)
                 latencies[name] += lat
             ratios.append(rates["batched"][-1] / rates["one_by_one"][-1])
+            result.add_run(round=r, batched_searches_per_s=rates["batched"][-1],
+                           one_by_one_searches_per_s=rates["one_by_one"][-1], ratio=ratios[-1])
             print(f"round {r}: batched {rates['batched'][-1]:.1f}/s, one by one {rates['one_by_one'][-1]:.1f}/s",
                   flush=True)
     finally:
@@ -94,7 +97,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+    result = Result("memory_search")
+    report(asyncio.run(main_async(args, result)), args.out, result=result, args=args)
 
 
 if __name__ == "__main__":

@@ -124,11 +124,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--index-dir", default="", help="reuse a built passage index cache (tools.index_dir)")
     args = parser.parse_args()
+    from bench.results_io import Result
+
+    result = Result("quality")
     report = asyncio.run(main_async(args))
     print(json.dumps({k: v for k, v in report.items() if k != "examples"}, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+    result.add_run(**{k: v for k, v in report.items() if k != "examples"})  # one pass over the questions
+    result.write(args.out, report, args, echo=False)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,14 @@
 All use configs/tiny.toml, alternate round by round, and answer the same questions. After a learning
 pass, ours' and the peer's learners finish the updates it queued before the next pass starts; that time
 is reported beside the pass (``drain_s``, and ``questions_per_s_with_drain``), not in it.
+
+The peer's ``vllm serve`` gets every engine setting ours gets, our CPU LoRA ops and CPU async scheduling
+included (through the platform plugin this package installs into vLLM); ``--peer-cpu-lora-ops vllm`` /
+``--peer-cpu-async-scheduling vllm`` give it vLLM's own instead, and the summary names what differs
+(``peer_settings_differ``). Each pass is a run of the result file (``bench/results_io.py``) with its cost
+per question: prompt and completion tokens (ours: its ``/metrics`` series; the peer: the tokens it sent
+and got back; the reference: the server's ``usage``) and the CPU seconds of every process of this
+benchmark's tree during the pass (this process, the servers and their engines; ``cpu_s_by_process``).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peer import ServedRoles  # noqa: E402
 from bench.servers import launch_mia, launch_vllm  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import cpu_spent, metrics_breakdown, percentile, report, tree_cpu_s  # noqa: E402
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest  # noqa: E402
 from mia_engine.agent.rollout import RolloutRunner  # noqa: E402
@@ -50,7 +59,7 @@ from mia_engine.learner.ttl import TestTimeLearner, rollout_samples  # noqa: E40
 from mia_engine.memory.service import MemoryService  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
 from mia_engine.models.embedded import model_dir  # noqa: E402
-from mia_engine.engines.cpu import bound_this_process  # noqa: E402
+from mia_engine.base.onednn import bound_this_process  # noqa: E402
 from mia_engine.services import Services  # noqa: E402
 from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
@@ -64,6 +73,8 @@ class HttpRoles:
         self.max_model_len = max_model_len
         self._messages: dict[int, list[dict[str, str]]] = {}
         self._next = 0
+        self.tokens = {"prompt": 0, "completion": 0}
+        """Tokens the server reported (``usage``) so far."""
 
     async def render_chat(self, model: str, messages: list[dict[str, str]]) -> list[int]:
         return [self._keep(messages)]  # the server renders; we only pass a handle along
@@ -92,6 +103,9 @@ class HttpRoles:
             body["structured_outputs"] = {"json": options.json_schema}
         response = await self.client.post("/v1/chat/completions", json=body)
         response.raise_for_status()
+        usage = response.json().get("usage") or {}
+        self.tokens["prompt"] += usage.get("prompt_tokens", 0)
+        self.tokens["completion"] += usage.get("completion_tokens", 0)
         texts = [(c["index"], c["message"]["content"] or "") for c in response.json()["choices"]]
         # a handle per completion stands in for its tokens, so the Planner's conversation can continue
         yield [CompletionDelta(i, text, 0, token_ids=[self._keep([*messages, {"role": "assistant", "content": text}])])
@@ -156,7 +170,7 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     """``vllm serve`` with runtime LoRA loading, and the concurrent agent over it with its own learner."""
     engine = config.engines["tiny"]
     base = model_dir(engine.model, default_home())
-    server = launch_vllm(tmp, base, "tiny", engine, onednn_cache_capacity=config.cpu_onednn_cache_capacity,
+    server = launch_vllm(tmp, base, "tiny", engine, onednn_cache_capacity=config.cpu.onednn_cache_capacity,
                          same_cpu_lora_ops=same_cpu_lora_ops,
                          same_cpu_async_scheduling=same_cpu_async_scheduling,
                          env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
@@ -177,39 +191,47 @@ async def start_peer(tmp: Path, config: Any, ours: Services, same_cpu_lora_ops: 
     return server, roles, learner, memory, search, agent
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace, result: Result) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mia-research-bench-"))
     engine_overrides = dotted_overrides(args.engine_set)  # every system: the same engine settings
     settings = {"learner.batch_size": 4, **engine_overrides}
-    config = load_config("tiny", {"data_dir": str(tmp / "ours"), **settings})
-    bound_this_process(config.cpu_onednn_cache_capacity)  # as `serve` does; the peer's agent runs here too
+    config = load_config(args.config, {"data_dir": str(tmp / "ours"), **settings})
+    bound_this_process(config.cpu.onednn_cache_capacity)  # as `serve` does; the peer's agent runs here too
     ours = Services(config)
     await ours.start()
     systems: list[tuple[str, ResearchAgent, bool]] = [("ours", ours.agent.agent, True)]
     drains: dict[str, Any] = {"ours": ours.learner.flush}
+
+    def ours_tokens() -> tuple[float, float]:
+        breakdown = metrics_breakdown(ours.metrics.registry)
+        return sum(breakdown["prompt_tokens"].values()), sum(breakdown["completion_tokens"].values())
+
+    tokens: dict[str, Any] = {"ours": ours_tokens}  # (prompt, completion) so far, per system
     closers: list[Any] = []
     versions: dict[str, Any] = {"ours": lambda: ours.roles.adapters.current("planner").version}
     try:
         if "peer" in args.systems:
             server, roles, learner, memory, search, agent = await start_peer(
-                tmp, load_config("tiny", {"data_dir": str(tmp / "peer"), **settings}), ours,
+                tmp, load_config(args.config, {"data_dir": str(tmp / "peer"), **settings}), ours,
                 args.peer_cpu_lora_ops == "same", args.peer_cpu_async_scheduling == "same")
             closers += [server.stop, search.close, memory.close, learner.close, roles.close]
             systems.append(("peer", agent, True))
             drains["peer"] = learner.flush
+            tokens["peer"] = lambda roles=roles: (roles.tokens["prompt"], roles.tokens["completion"])
             versions["peer"] = lambda: roles.adapters.current("planner").version
         if "reference" in args.systems:
-            server = launch_mia(tmp, "tiny", "--data-dir", str(tmp / "server"), *args.engine_set)
+            server = launch_mia(tmp, args.config, "--data-dir", str(tmp / "server"), *args.engine_set)
             closers.append(server.stop)
             await asyncio.to_thread(server.wait_ready)
-            base_config = load_config("tiny", {"data_dir": str(tmp / "baseline"), "tools.batch_wait_ms": 0.0})
+            base_config = load_config(args.config, {"data_dir": str(tmp / "baseline"), "tools.batch_wait_ms": 0.0})
             memory = await MemoryService.open(tmp / "baseline-memory", base_config.memory, encoder=ours.encoders[0])
             search = LocalSearch.from_config(base_config.tools, ours.encoders[0], tmp / "baseline-index",
                                              progress=False)
             closers += [search.close, memory.close]
-            systems.append(("reference", SequentialAgent(HttpRoles(server.base_url, 4096), memory,
-                                                         Tools(base_config.tools, local=search), base_config.agent),
-                            False))
+            http_roles = HttpRoles(server.base_url, 4096)
+            systems.append(("reference", SequentialAgent(http_roles, memory, Tools(base_config.tools, local=search),
+                                                         base_config.agent), False))
+            tokens["reference"] = lambda: (http_roles.tokens["prompt"], http_roles.tokens["completion"])
         questions = [f"Question {i}: which river flows through the capital city number {i}?"
                      for i in range(args.questions)]
         for _, agent, concurrent in systems:  # untimed: the first pass of this process pays one-time costs
@@ -220,10 +242,11 @@ async def main_async(args: argparse.Namespace) -> dict:
             for learn in (False, True):
                 order = systems if round_index % 2 == 0 else systems[::-1]  # alternate who goes first
                 for name, agent, concurrent in order:
-                    cpu_before = tree_cpu_s()
+                    cpu_before, tokens_before = tree_cpu_s(), tokens[name]()
                     wall, lat = await run_questions(agent, questions, learn=learn, concurrent=concurrent,
                                                     rollouts=args.rollouts)
-                    cpu = cpu_spent(cpu_before, tree_cpu_s())
+                    cpu = cpu_spent(cpu_before, tree_cpu_s(), min_s=0.0)
+                    prompt, completion = (after - before for after, before in zip(tokens[name](), tokens_before))
                     drain_s = await drain(drains.get(name)) if learn else 0.0
                     key = f"{name}/learn={'on' if learn else 'off'}"
                     entry = results.setdefault(key, {"qps": [], "qps_drained": [], "lat": [], "cpu_s": []})
@@ -231,6 +254,14 @@ async def main_async(args: argparse.Namespace) -> dict:
                     entry["qps_drained"].append(len(questions) / (wall + drain_s))
                     entry["lat"] += lat
                     entry["cpu_s"].append({"wall_s": round(wall, 2), "drain_s": round(drain_s, 2), **cpu})
+                    result.add_run(system=name, learn=learn, round=round_index, questions=len(questions),
+                                   wall_s=wall, questions_per_s=len(questions) / wall, drain_s=drain_s,
+                                   questions_per_s_with_drain=len(questions) / (wall + drain_s),
+                                   p50_s=statistics.median(lat), prompt_tokens=prompt, completion_tokens=completion,
+                                   prompt_tokens_per_question=prompt / len(questions),
+                                   completion_tokens_per_question=completion / len(questions),
+                                   cpu_s=sum(cpu.values()), cpu_s_per_question=sum(cpu.values()) / len(questions),
+                                   cpu_s_by_process=cpu)
                     print(f"round {round_index} {key}: {len(questions) / wall:.2f} q/s (learner drained in "
                           f"{drain_s:.1f} s after), CPU s by process {cpu}", flush=True)
         published = {name: read() - 1 for name, read in versions.items()}
@@ -256,6 +287,11 @@ async def main_async(args: argparse.Namespace) -> dict:
                 summary["ours/learn=on"]["questions_per_s_with_drain"]
                 / summary[f"{other}/learn=on"]["questions_per_s_with_drain"])
     summary["adapter_versions_published"] = published
+    if "peer" in args.systems:  # the headline says which engine settings the peer did not share
+        summary["peer_settings_differ"] = [
+            what for what, choice in (("LoRA ops: vLLM's own", args.peer_cpu_lora_ops),
+                                      ("async scheduling: off (vLLM's CPU default)", args.peer_cpu_async_scheduling))
+            if choice != "same"]
     summary["ours_breakdown"] = breakdown  # every round of ours, from the metrics /metrics serves
     return summary
 
@@ -264,11 +300,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", choices=["peer", "reference"], default=["peer", "reference"],
                         help="what ours is compared with (ours always runs)")
-    parser.add_argument("--peer-cpu-lora-ops", choices=["vllm", "same"], default="vllm",
-                        help="the peer's LoRA ops on CPU: vLLM's own (what `vllm serve` users get) or ours")
-    parser.add_argument("--peer-cpu-async-scheduling", choices=["vllm", "same"], default="vllm",
-                        help="the peer's scheduling on CPU: vLLM's (none ahead: its CPU platform turns async "
-                             "scheduling off, what `vllm serve` users get) or ours (engines.*.cpu_async_scheduling)")
+    parser.add_argument("--peer-cpu-lora-ops", choices=["vllm", "same"], default="same",
+                        help="the peer's LoRA ops on CPU: ours (same, the default: the peer gets every engine "
+                             "setting ours gets) or vLLM's own (what `vllm serve` users get)")
+    parser.add_argument("--peer-cpu-async-scheduling", choices=["vllm", "same"], default="same",
+                        help="the peer's scheduling on CPU: ours (same, the default; engines.*.cpu_async_scheduling) "
+                             "or vLLM's (none ahead: its CPU platform turns async scheduling off, what `vllm serve` "
+                             "users get)")
+    parser.add_argument("--config", default="tiny",
+                        help="configs/tiny.toml's name or a TOML file with the same engine name (tiny)")
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rollouts", type=int, default=4)
@@ -280,7 +320,8 @@ def main() -> None:
     parser.add_argument("--engine-set", action="append", default=[], metavar="--KEY=VALUE",
                         help="config override for every system, e.g. --engine-set=--engines.tiny.max_num_seqs=64")
     args = parser.parse_args()
-    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+    result = Result("research")
+    report(asyncio.run(main_async(args, result)), args.out, result=result, args=args)
 
 
 if __name__ == "__main__":

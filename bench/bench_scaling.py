@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.results_io import Result  # noqa: E402
 from bench.stats import metrics_breakdown, percentile, report  # noqa: E402
 from mia_engine.agent.loop import ResearchRequest  # noqa: E402
 from mia_engine.cli import dotted_overrides  # noqa: E402
@@ -204,10 +205,18 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE", help="config override")
     args = parser.parse_args()
+    record = Result("scaling")
     result = asyncio.run(main_async(args))
     if args.plot is not None:
         plot(result, args.plot)
-    report(result, args.out, args={k: str(v) for k, v in vars(args).items()})
+    for level, row in result["concurrency"].items():  # one run per level
+        record.add_run(kind="concurrency", in_flight=str(level), **row)
+    for size, row in result["memories"].items():  # and per memory size, one per round
+        for round_index, run in enumerate(row["rounds"]):
+            record.add_run(kind="memories", stored_memories=str(size), round=round_index, **run)
+    for round_index, ratio in enumerate(result.get("memory_ratios") or []):
+        record.add_run(kind="memory_ratio", round=round_index, largest_over_empty=ratio)
+    report(result, args.out, result=record, args=args)
 
 
 if __name__ == "__main__":

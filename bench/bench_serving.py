@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import Server, launch_mia, launch_vllm  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
@@ -58,7 +58,7 @@ async def burst_run(url: str, model: str, concurrency: int, max_tokens: int) -> 
         return time.perf_counter() - start, sum(r[1] for r in results)
 
 
-def measure(servers: dict[str, tuple[Server, str]], args: argparse.Namespace) -> dict:
+def measure(servers: dict[str, tuple[Server, str]], args: argparse.Namespace, result: Result) -> dict:
     samples: dict[str, dict[str, list]] = {k: {"lat": [], "lat_tokens": [], "burst_s": [], "burst_tokens": []}
                                            for k in servers}
     for round_index in range(args.rounds):
@@ -72,6 +72,9 @@ def measure(servers: dict[str, tuple[Server, str]], args: argparse.Namespace) ->
             s["lat_tokens"].append(tokens)
             s["burst_s"].append(wall)
             s["burst_tokens"].append(burst_tokens)
+            result.add_run(server=key, round=round_index, p50_ms=percentile(lat, 0.5) * 1e3,
+                           p99_ms=percentile(lat, 0.99) * 1e3, burst_s=wall, burst_tok_per_s=burst_tokens / wall,
+                           latency_run_tokens=tokens, latencies_ms=[x * 1e3 for x in lat])
             print(f"round {round_index} {key}: p50 {statistics.median(lat) * 1e3:.1f} ms, "
                   f"burst {wall:.2f} s ({burst_tokens} tok)", flush=True)
     return samples
@@ -102,6 +105,7 @@ def main() -> None:
     parser.add_argument("--ours-set", action="append", default=[], metavar="--KEY=VALUE",
                         help="config override for our server, e.g. --ours-set=--engines.tiny.executor_backend=mp")
     args = parser.parse_args()
+    result = Result("serving")
 
     config = load_config("tiny")
     engine = config.engines["tiny"]
@@ -112,12 +116,12 @@ def main() -> None:
         logs = Path(tmp)
         servers = {"mia_engine": (launch_mia(logs, "tiny", *args.ours_set), ours_model),
                    "vllm_serve": (launch_vllm(logs, base, "tiny", engine, "--lora-modules", f"planner={planner}",
-                                               onednn_cache_capacity=config.cpu_onednn_cache_capacity),
+                                               onednn_cache_capacity=config.cpu.onednn_cache_capacity),
                                   ours_model)}
         try:
             for server, _ in servers.values():
                 server.wait_ready()
-            samples = measure(servers, args)
+            samples = measure(servers, args, result)
         finally:
             for server, _ in servers.values():
                 server.stop()
@@ -132,10 +136,7 @@ def main() -> None:
         print(f"| {key} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['burst_median_s']:.2f} | "
               f"{row['burst_tok_per_s']:.0f} | {row['tokens_per_latency_run']:.0f} |")
     print("\n" + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()) + "  (ours / vllm serve; goal <= 1.05)")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "samples": samples,
-                                        "summary": summary, "ratios": ratios}, indent=2))
+    result.write(args.out, summary, args, echo=False, ratios=ratios)
 
 
 if __name__ == "__main__":

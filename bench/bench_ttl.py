@@ -23,6 +23,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import generated_admin_key, launch_mia  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import percentile, report  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a plan to find the year the oldest university was founded."}]
@@ -57,7 +58,7 @@ async def updates(client: httpx.AsyncClient, num_updates: int) -> list[dict]:
     return reports
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace, result: Result) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mia-ttl-bench-"))
     server = launch_mia(tmp, "tiny")
     await asyncio.to_thread(server.wait_ready)
@@ -69,15 +70,22 @@ async def main_async(args: argparse.Namespace) -> dict:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300,
                                      headers={"Authorization": f"Bearer {generated_admin_key(tmp)}"}) as client:
             await chat_load(client, 8, 4)  # warm up
-            for _ in range(args.rounds):
-                lat, failed = await chat_load(client, args.requests, args.concurrency)
-                idle += lat
-                failures += failed
+            for round_index in range(args.rounds):
+                lat_idle, failed_idle = await chat_load(client, args.requests, args.concurrency)
+                idle += lat_idle
                 (lat, failed), round_reports = await asyncio.gather(
                     chat_load(client, args.requests, args.concurrency), updates(client, args.updates))
                 busy += lat
-                failures += failed
+                failures += failed_idle + failed
                 reports += round_reports
+                swaps = [r["publish_seconds"] * 1e3 for r in round_reports if r.get("is_published")]
+                result.add_run(round=round_index, idle_p50_ms=statistics.median(lat_idle) * 1e3,
+                               idle_p99_ms=percentile(lat_idle, 0.99) * 1e3,
+                               updating_p50_ms=statistics.median(lat) * 1e3,
+                               updating_p99_ms=percentile(lat, 0.99) * 1e3,
+                               p99_ratio=percentile(lat, 0.99) / percentile(lat_idle, 0.99),
+                               failures=failed_idle + failed, published=len(swaps),
+                               swap_ms_max=max(swaps) if swaps else None)
     finally:
         server.stop()
     published = [r for r in reports if r.get("is_published")]
@@ -100,7 +108,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3, help="GRPO updates published per busy phase")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    report(asyncio.run(main_async(args)), args.out)
+    result = Result("ttl")
+    report(asyncio.run(main_async(args, result)), args.out, result=result, args=args)
 
 
 if __name__ == "__main__":

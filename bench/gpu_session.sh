@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure this project measures without vLLM, in one command: what a GPU box adds to
-# bench/RESULTS.md. Each step runs under its own time limit and writes its own file under OUT_DIR,
-# most important first, so a machine lent for minutes returns what it finished.
+# bench/results/ (bench/RESULTS.md lists its folders). Each step runs under its own time limit and
+# writes its own file under OUT_DIR, most important first, so a machine lent for minutes returns what
+# it finished.
 #
 #   bash bench/gpu_session.sh [OUT_DIR]        (default bench/results/gpu; PYTHON picks the interpreter)
 #

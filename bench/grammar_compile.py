@@ -31,6 +31,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.results_io import Result  # noqa: E402
 from bench.stats import report  # noqa: E402
 from mia_engine.config import LimitsConfig, load_config  # noqa: E402
 from mia_engine.server.errors import BadRequest  # noqa: E402
@@ -230,13 +231,17 @@ def main() -> None:
                         help="a family to measure (repeatable; default: all of them)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    result = Result("grammar_compile")
     limits = msgspec.structs.replace(LimitsConfig(), max_grammar_cost=args.max_grammar_cost)
     fractions = [float(f) for f in args.fractions.split(",")]
     runs = [measure(vocab, limits, args.any_whitespace, fractions, args.timeout_s, not args.unscaled,
                     args.family or list(FAMILIES))
             for vocab in args.vocab.split(",")]
+    for run in runs:  # one run per vocabulary; its schemas' timings kept in ``rows``
+        result.add_run(**run)
     report({"max_grammar_cost": limits.max_grammar_cost, "max_json_schema_bytes": limits.max_json_schema_bytes,
-            "scaled_by_vocabulary": not args.unscaled, "timeout_s": args.timeout_s, "runs": runs}, args.out)
+            "scaled_by_vocabulary": not args.unscaled, "timeout_s": args.timeout_s}, args.out, result=result,
+           args=args)
 
 
 if __name__ == "__main__":

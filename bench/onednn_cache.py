@@ -9,13 +9,13 @@ primitive again in its own process-wide cache of ``ONEDNN_PRIMITIVE_CACHE_CAPACI
 linear shapes (three layers each, bf16) and runs them over the same random sequence of step sizes
 (half decode-sized, half up to 1024 tokens, as a serving engine's steps), reporting the RSS before,
 halfway and at the end, and the seconds of each half. The engines' setting is the root field
-``cpu_onednn_cache_capacity`` (``mia_engine/engines/cpu/spawn.py: spawn_env``).
+``cpu.onednn_cache_capacity`` (``mia_engine/engines/cpu/spawn.py: spawn_env``).
 
 ``--op encoder`` runs the sentence encoder itself (bf16, batches of 1-64 dev-set questions and README
 lines), ``--op linear`` torch's own bf16 ``F.linear``, on all-MiniLM-L6-v2's shapes (the sentence
 encoder's, in the serving process), over 1..``--max-rows`` rows. torch keeps each primitive in ideep's LRU
 cache (``LRU_CACHE_CAPACITY``, 1024) as well as in oneDNN's; ``--bound onednn`` sets only oneDNN's, as the
-engines did before, ``--bound both`` both (``mia_engine/engines/cpu/onednn.py``, the setting now).
+engines did before, ``--bound both`` both (``mia_engine/base/onednn.py``, the setting now).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from mia_engine.engines.cpu.onednn import ONEDNN_CACHE_ENV, onednn_cache_env  # noqa: E402
+from mia_engine.base.onednn import ONEDNN_CACHE_ENV, onednn_cache_env  # noqa: E402
 
 SHAPES = [(576, 1728), (576, 576), (576, 3072), (1536, 576)]
 """SmolLM2-135M's (in, out) linear shapes: qkv, o, gate_up, down."""
@@ -135,6 +135,9 @@ def main() -> None:
                "encoder": lambda: child_encoder(args.steps, args.seed)}
         print(json.dumps(ops[args.op]()))
         return
+    from bench.results_io import Result
+
+    result = Result("onednn_cache")
     results = []
     for capacity in args.capacities:
         cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--op", args.op,
@@ -146,9 +149,9 @@ def main() -> None:
         results.append(row)
         print(f"capacity {capacity:5d}: RSS {row['rss_mb_start']:.0f} -> {row['rss_mb_half']:.0f} -> "
               f"{row['rss_mb_end']:.0f} MB, {row['seconds_first_half']:.1f} + {row['seconds_second_half']:.1f} s")
-    if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                       indent=1))
+    for row in results:
+        result.add_run(**row)
+    result.write(args.out, None, args)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ class ServedRoles:
         self.home = home
         self.adapters = AdapterRegistry()
         self.tokenizer: Any = None
+        self.tokens = {"prompt": 0, "completion": 0}
+        """Tokens sent and generated so far (a request's prompt once, every completion's output)."""
 
     async def start(self) -> None:
         """Load the tokenizer and every adapter role's first version into the server."""
@@ -140,6 +142,8 @@ class ServedRoles:
             async with self.adapters.acquire(adapter_role) as lora:
                 body["model"] = lora.lora_name
                 choices = await self._post(body)
+        self.tokens["prompt"] += len(prompt_ids)
+        self.tokens["completion"] += sum(len(c["token_ids"]) for c in choices)
         yield [CompletionDelta(c["index"], c["text"], len(c["token_ids"]), None, c["finish_reason"],
                                list(c["token_ids"])) for c in choices]
 

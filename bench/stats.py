@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -14,6 +13,8 @@ from typing import Any
 import psutil
 from prometheus_client import CollectorRegistry
 
+from bench.results_io import Result
+
 
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile, ``q`` in [0, 1] (p99 of 64 samples = the largest but one)."""
@@ -21,12 +22,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def report(summary: Any, out: Path | None, **extra: Any) -> None:
-    """Print the summary as JSON and, with ``out``, write it there (plus ``extra`` fields)."""
-    print(json.dumps(summary, indent=2))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**extra, "summary": summary} if extra else summary, indent=2))
+def report(summary: Any, out: Path | None, *, result: Result, **extra: Any) -> dict[str, Any]:
+    """Print the summary as JSON and, with ``out``, write the result file there: ``result``'s ``meta`` and
+    ``runs`` (``bench/results_io.py``), the summary, and ``extra`` fields (``args=``...)."""
+    return result.write(out, summary, **extra)
 
 
 def process_tree(root: psutil.Process) -> list[psutil.Process]:

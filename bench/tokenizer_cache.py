@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.results_io import Result  # noqa: E402
 from bench.stats import malloc_bytes_in_use, report  # noqa: E402
 from mia_engine.config import load_config  # noqa: E402
 from mia_engine.models.cache import default_home  # noqa: E402
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    result = Result("tokenizer_cache")
     from transformers import AutoTokenizer
 
     config = load_config("default")
@@ -72,8 +74,10 @@ def main() -> None:
     one = runs[0]["held_mb"]
     for run in runs:
         run["held_vs_first"] = run["held_mb"] / one if one else None
-    report({"model": engine.model, "prompts": args.prompts, "passages_per_prompt": args.passages, "runs": runs},
-           args.out)
+    for run in runs:
+        result.add_run(**run)
+    report({"model": engine.model, "prompts": args.prompts, "passages_per_prompt": args.passages}, args.out,
+           result=result, args=args)
 
 
 if __name__ == "__main__":
