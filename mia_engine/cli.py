@@ -18,21 +18,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
 
 from . import __version__
 from .base import logs
-from .base.keys import ADMIN_KEY_FILE, KeyFileError, admin_key
 from .base.config_docs import plain, render_markdown, render_toml
-from .base.files import UnsafeFolder, private_dir
-from .base.onednn import bound_this_process
 from .config import ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value
-from .base.packages import missing_for_serving
-from .devices import resolve_device, resolved_devices, serving_device_fields
+from .devices import resolved_devices
+from .preflight import (ADMIN_API_KEY_ENV, API_KEY_ENV, PROG, bound_onednn_caches, dry_run, preflight,
+                        with_admin_key)
 
-PROG = "python -m mia_engine"
-API_KEY_ENV = "MIA_API_KEY"
-ADMIN_API_KEY_ENV = "MIA_ADMIN_API_KEY"
 KEY_FLAGS = {"server.api_key": (API_KEY_ENV, "--api-key-file"),
              "server.admin_api_key": (ADMIN_API_KEY_ENV, "--admin-api-key-file")}
 """Key fields that show in ``ps`` when given on the command line, with where to give them instead."""
@@ -254,15 +248,15 @@ def main(argv: list[str] | None = None) -> int:
               else render_toml(config), end="")
         return 0
     if getattr(args, "dry_run", False):
-        return _dry_run(config)
+        return dry_run(config)
     logs.configure(config.server.log_level, config.server.log_format)  # before vLLM is imported
     if args.command == "serve":
-        if _preflight(config) != 0:
+        if preflight(config) != 0:
             return 2
-        config = _with_admin_key(config)  # after the data dir's check, and only for a server that starts
+        config = with_admin_key(config)  # after the data dir's check, and only for a server that starts
         if config is None:
             return 2
-    _bound_onednn_caches(config)  # before the encoder's or learner's first matmul
+    bound_onednn_caches(config)  # before the encoder's or learner's first matmul
     if args.command == "serve":
         _warn_about_exposure(args, config)
         from .serve import serve
@@ -295,86 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-CPU_COMPUTE_FIELDS = ("memory.embedder.device", "tools.embedder.device", "learner.device")
-"""The devices of this process's components that run matmuls (the encoders, the learner)."""
-
-
-def _bound_onednn_caches(config: MIAConfig) -> None:
-    """Bound this process's oneDNN primitive caches (``cpu.onednn_cache_capacity``) where one of its
-    encoders or its learner runs on the CPU (a host fact, whatever platform the engines run on); nothing
-    to bound where they all run on GPUs."""
-    devices = serving_device_fields(config)
-    if all(resolve_device(devices[field]) != "cpu" for field in CPU_COMPUTE_FIELDS):
-        return
-    bound_this_process(config.cpu.onednn_cache_capacity)
-
-
-def _dry_run(config: MIAConfig) -> int:
-    """``serve --dry-run``: the report on stdout (exit 0), or one line naming the field (exit 2), after the
-    per-GPU table when a GPU is over-committed."""
-    from .deploy.report import render
-
-    checked = _deployment_check(config, is_dry_run=True)
-    if checked is None:
-        return 2
-    result, adapter_lines = checked
-    print(render(config, result, adapter_lines))
-    return 0
-
-
-def _preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> int:
-    """What ``serve`` checks before it starts anything: vLLM and the embedded default's packages (a missing
-    one is named with the command that installs it), the adapters that are not embedded ones, where the
-    config or this machine has GPUs the per-GPU budget (the dry run's), that a Ray engine has a
-    cluster to join, and that the data dir is this user's alone (``base.files.private_dir``). 0 = start."""
-    environ = os.environ if environ is None else environ
-    missing = missing_for_serving(config)  # the embedded default's model, encoder and corpus packages
-    if missing is not None:
-        print(f"{PROG}: error: {missing}", file=sys.stderr)
-        return 2
-    ray = [name for name, engine in config.engines.items() if engine.executor_backend == "ray"]
-    if ray and not environ.get("RAY_ADDRESS"):  # Ray would start a private instance on this box's GPUs
-        print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
-              "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')", file=sys.stderr)
-        return 2
-    if _deployment_check(config, is_dry_run=False) is None:
-        return 2
-    try:  # last: it creates the data dir, which a refused config must not leave behind
-        private_dir(config.resolved_data_dir(), "data_dir")
-    except UnsafeFolder as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[str]] | None:
-    """The adapters' check and the GPU plan (None where ``serve`` plans no GPU); on a refusal it prints
-    the error (and the per-GPU table) to stderr and returns None."""
-    from .deploy.adapters import check_role_adapters
-    from .deploy.budget import OverCommitted, plan, plans_gpus
-    from .deploy.engines import check_engine_parsers, check_engines
-    from .deploy.report import render_memory
-    from .models.cache import default_home
-    from .models.embedded import adapter_dir, model_dir
-
-    home = Path(config.models.home).expanduser() if config.models.home else default_home()
-    models = lambda spec: model_dir(spec, home)  # noqa: E731
-    try:
-        check_engines(config, models)
-        adapter_lines = check_role_adapters(config, models, lambda spec, base: adapter_dir(spec, base, home),
-                                            include_embedded=is_dry_run)
-        result = plan(config, models) if is_dry_run or plans_gpus(config) else None
-        check_engine_parsers(config)  # last: it imports vLLM
-    except OverCommitted as err:
-        print(render_memory(err.plan), file=sys.stderr)
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return None
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as err:
-        print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
-        return None
-    return result, adapter_lines
-
-
 def _init_adapter(args: argparse.Namespace) -> int:
     """``init-adapter``: the folder on stdout, or one line naming the flag (exit 2)."""
     from .models.lora import DECODER_LORA_TARGETS, init_adapter
@@ -392,31 +306,6 @@ def _init_adapter(args: argparse.Namespace) -> int:
         return 2
     print(path)
     return 0
-
-
-def _with_admin_key(config: MIAConfig) -> MIAConfig | None:
-    """The config with its admin key: where none is configured, the one generated at first start in the
-    data dir (``base.keys.admin_key``), and one log line that says where it is. None (after one line on
-    stderr) where that file cannot be used."""
-    server = config.server
-    if server.admin_api_key:
-        return config
-    path = config.resolved_data_dir() / ADMIN_KEY_FILE
-    try:
-        key, created = admin_key(path)
-        server = msgspec.structs.replace(server, admin_api_key=key)
-        check_keys(server)
-    except (KeyFileError, ConfigError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return None
-    except OSError as err:
-        print(f"{PROG}: error: data_dir: cannot create {path}: {err.strerror}", file=sys.stderr)
-        return None
-    logging.getLogger(PROG).log(
-        logging.WARNING if created else logging.INFO,
-        "admin key %s %s: send it as 'Authorization: Bearer <key>' to publish adapters, learn and write memory "
-        "(or set $%s)", "generated in" if created else "read from", path, ADMIN_API_KEY_ENV)
-    return msgspec.structs.replace(config, server=server)
 
 
 def _warn_about_exposure(args: argparse.Namespace, config: MIAConfig) -> None:

@@ -12,7 +12,7 @@ Layers, bottom to top (a module may import its own layer and the layers below it
     agent    mia_engine/agent/
     learner  mia_engine/learner/
     server   mia_engine/server/
-    top      cli.py, serve.py, services.py, index.py, __main__.py, deploy/, evals/, doctor/
+    top      cli.py, preflight.py, serve.py, services.py, index.py, __main__.py, deploy/, evals/, doctor/
 
 Every import counts: module level, inside functions, and under ``if TYPE_CHECKING:``. A module the
 script cannot place is reported too (add it to a layer here). A cycle (``a`` imports ``b`` imports ...
@@ -35,7 +35,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 
 CONFIG_MODULES = {"", "config", "devices"}
 """Top-level modules of the config layer ("" = the package's ``__init__``)."""
-TOP_MODULES = {"cli", "serve", "services", "index", "__main__", "deploy", "evals", "doctor"}
+TOP_MODULES = {"cli", "preflight", "serve", "services", "index", "__main__", "deploy", "evals", "doctor"}
 PACKAGE_LAYERS = {"base": "config", "config": "config", "models": "models", "engines": "engines", "memory": "memory/tools",
                   "tools": "memory/tools", "agent": "agent", "learner": "learner", "server": "server"}
 

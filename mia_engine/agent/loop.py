@@ -25,13 +25,13 @@ from . import judge, prompts
 from .admission import check_fits, check_images
 from .answer_choice import ask_closed_book
 from ..config.agent import AgentConfig
-from .executor_run import evidence_texts
+from .executor_run import Emit, evidence_texts, ignore_progress
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
 from .records import Rollout, Timings, Trajectory
 from .rewards import group_advantages, rollout_reward, select_memories
-from .rollout import Emit, RolloutRunner
+from .rollout import PlanSample, RolloutQuestion, RolloutRunner
 from .stages import StageObserver, StageTimer
 from .strategies import choose_strategies
 from ..memory.entries import SummarisedRollout
@@ -118,7 +118,7 @@ class ResearchAgent:
         (G samples) → route → execute all G (ReAct, reflect, replan) → judge and reward → memory → learn;
         with the ``closed_book`` answer choice the Manager answers the question alone meanwhile, and each
         rollout's answer is chosen between its own and that one before the judge."""
-        q = _Question(request, emit or _ignore, self.stages)
+        q = _Question(request, emit or ignore_progress, self.stages)
         closed_book = self._ask_closed_book(q)
         try:
             caption = await self._caption(q)
@@ -214,11 +214,10 @@ class ResearchAgent:
                        plans: list[str]) -> list[Rollout]:
         """All G plans executed concurrently, each with its reflection and at most one replan."""
         request = q.request
+        question = RolloutQuestion(request.question, request.data_id, request.image, q.affinity, request.is_exploring)
         with q.clock("execute"):
-            runs = await asyncio.gather(*(
-                self.runner.run(request.question, plan_prompt, c, plan, i, q.emit, request.data_id,
-                                explore=request.is_exploring, affinity=q.affinity, image=request.image)
-                for i, (c, plan) in enumerate(zip(completions, plans))))
+            runs = await asyncio.gather(*(self.runner.run(question, PlanSample(plan_prompt, c, plan), i, q.emit)
+                                          for i, (c, plan) in enumerate(zip(completions, plans))))
         return [Rollout(plan, trajectory, timings=Timings(execute_s=ex, reflect_s=rf))
                 for plan, (trajectory, ex, rf) in zip(plans, runs)]
 
@@ -356,7 +355,3 @@ def summarised(question: str, rollout: Rollout, summary: str, max_words: int) ->
 
 def _trajectory_text(question: str, trajectory: Trajectory, max_words: int) -> str:
     return prompts.render_trace(question, trajectory.turns, trajectory.observations, max_words)
-
-
-def _ignore(stage: str, details: dict) -> None:
-    return None

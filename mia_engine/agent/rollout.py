@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
 from . import prompts
 from ..config.agent import AgentConfig
-from .executor_run import ExecutorRun, ask_for_the_answer, continue_with, record, search_calls, start_run, written_turn
+from .executor_run import Emit, ExecutorRun, search_calls, written_turn
 from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
@@ -34,9 +34,34 @@ from ..engines.client import SamplingOptions
 from ..tools.calls import Observation, ToolCall, truncate_words
 from ..tools.registry import ToolContext, Tools
 
-Emit = Callable[[str, dict], None]
-"""Progress callback: (stage, details), e.g. ("tool_call", {"rollout": 0, "name": "search", ...})."""
 T = TypeVar("T")
+
+
+class RolloutQuestion(NamedTuple):
+    """What the G rollouts of one question share."""
+
+    text: str
+    data_id: str = ""
+    """Key of the question in the image-search cache."""
+    image: Any = None
+    """The question's image: the Executor sees it and is offered image-to-image search."""
+    affinity: str | None = None
+    """The question's replica key: the Planner's turns use it (they continue the G-plan request's
+    prefix), the Executor's turns add the rollout index."""
+    explore: bool = False
+    """The Planner's reflection and replan are sampled from the policy as the learner scores them (the
+    rollout temperature, unconstrained), not greedily."""
+
+
+class PlanSample(NamedTuple):
+    """One of the G plans as the Planner sampled it."""
+
+    prompt_ids: list[int]
+    """The Planner's prompt, shared by the G plans."""
+    completion: Completion | None
+    """The plan's completion; None: no Planner, the Executor runs plain ReAct (no guide, no reflection)."""
+    text: str
+    """Its visible text, as the loop stripped it from ``completion``."""
 
 
 class Course(NamedTuple):
@@ -61,43 +86,36 @@ class RolloutRunner:
         self.stages = stages or StageTimer()
         self.strategies = strategies or choose_strategies(config, tools)
 
-    async def run(self, question: str, plan_prompt: list[int], plan_completion: Completion | None, plan: str,
-                  index: int, emit: Emit, data_id: str = "", *, explore: bool = False,
-                  affinity: str | None = None, image: Any = None) -> tuple[Trajectory, float, float]:
-        """(trajectory, executor seconds, reflection seconds) of one plan (``plan``: its visible text, as the
-        loop stripped it from ``plan_completion``); without a completion (None) the
-        Executor runs plain ReAct: no guide, no reflection. ``explore``: the Planner's reflection and
-        replan are sampled from the policy as the learner scores them (the rollout temperature,
-        unconstrained), not greedily. ``affinity``: the question's replica key; the Planner's turns use it
-        (they continue the G-plan request's prefix), the Executor's turns add the rollout index.
-        ``image``: the question's image: the Executor sees it and is offered image-to-image search."""
-        has_plan = plan_completion is not None
-        planner = PlannerTranscript(plan_prompt, plan_completion.token_ids if plan_completion else [],
+    async def run(self, question: RolloutQuestion, plan: PlanSample, index: int,
+                  emit: Emit) -> tuple[Trajectory, float, float]:
+        """(trajectory, executor seconds, reflection seconds) of rollout ``index`` under ``plan``; its
+        progress goes to ``emit``."""
+        has_plan = plan.completion is not None
+        planner = PlannerTranscript(plan.prompt_ids, plan.completion.token_ids if plan.completion else [],
                                     is_sampled=self.strategies.plan.is_policy_sample)
-        context = ToolContext(data_id, image=image)
-        run = self._start(question, plan, index, affinity, image)
-        course = self._course(run, plan if has_plan else None)
-        first_answer, execute_s = await _timed(self._execute(run, course, context, index, emit))
+        run = self._start(question, plan.text, index, emit)
+        course = self._course(run, plan.text if has_plan else None)
+        first_answer, execute_s = await _timed(self._execute(run, course))
         reflection, replan, reflect_s = "", "", 0.0
         if self.config.max_replans > 0 and has_plan:
-            (reflection, replan), reflect_s = await _timed(
-                self._reflect(question, planner, run, first_answer, index, emit, explore))
+            (reflection, replan), reflect_s = await _timed(self._reflect(run, planner, first_answer, question.explore))
         final_answer, replan_turn = first_answer, len(run.turns) if replan else -1
         if replan:
-            final_answer, more_s = await _timed(self._follow(run, course, replan, context, index, emit))
+            final_answer, more_s = await _timed(self._follow(run, course, replan))
             execute_s += more_s
         trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
                                 bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls,
                                 planner.tokens())
-        emit("answer", {"rollout": index, "answer": final_answer})
+        run.emit("answer", {"answer": final_answer})
         return trajectory, execute_s, reflect_s
 
-    def _start(self, question: str, plan: str, index: int, affinity: str | None, image: Any) -> ExecutorRun:
+    def _start(self, question: RolloutQuestion, plan: str, index: int, emit: Emit) -> ExecutorRun:
         """The Executor's prompt (tools, question, the plan as its guide) and the queries fixed up front."""
-        schemas = self.tools.schemas(with_image=image is not None)
-        prompt = prompts.render_executor_prompt(schemas, question, plan or None)
-        run = start_run(question, prompt, image, affinity, index)
-        run.fixed_queries = self.strategies.turns.first_queries(question)
+        schemas = self.tools.schemas(with_image=question.image is not None)
+        prompt = prompts.render_executor_prompt(schemas, question.text, plan or None)
+        context = ToolContext(question.data_id, image=question.image)
+        run = ExecutorRun.start(question.text, prompt, context, index, emit, affinity=question.affinity)
+        run.fixed_queries = self.strategies.turns.first_queries(question.text)
         return run
 
     def _course(self, run: ExecutorRun, plan: str | None) -> Course:
@@ -111,18 +129,15 @@ class RolloutRunner:
         num_turns = len(run.fixed_queries) + int(self.strategies.turns.starts_with_image_search(run)) + answer_last
         return Course(max(1, min(self.config.max_turns, num_turns)), answer_last, is_pinned=not answer_last)
 
-    async def _execute(self, run: ExecutorRun, course: Course, context: ToolContext, index: int,
-                       emit: Emit) -> str | None:
+    async def _execute(self, run: ExecutorRun, course: Course) -> str | None:
         """The Executor's pass under the plan, then the first answer."""
         if course.is_pinned:
-            calls = self.strategies.turns.pinned_calls(run)[:course.max_turns]
-            await self._run_pinned(run, context, index, emit, calls)
+            await self._run_pinned(run, self.strategies.turns.pinned_calls(run)[:course.max_turns])
         else:
-            await self._react(run, context, index, emit, course.max_turns, answer_last=course.answer_last)
-        return await self._answer(run, index, emit)
+            await self._react(run, course.max_turns, answer_last=course.answer_last)
+        return await self._answer(run)
 
-    async def _follow(self, run: ExecutorRun, course: Course, replan: str, context: ToolContext, index: int,
-                      emit: Emit) -> str | None:
+    async def _follow(self, run: ExecutorRun, course: Course, replan: str) -> str | None:
         """The pass under the replan, then the final answer. Pinned: the replan's searches not made yet,
         written like the plan's, whose passages the answer reads first. Otherwise the Executor continues
         its own conversation with the revised plan, on a turn budget of its own."""
@@ -130,13 +145,13 @@ class RolloutRunner:
             latest_from = len(run.turns)
             queries = [q for q in self.strategies.plan.searches(replan) if q not in run.fixed_queries]
             run.fixed_queries += queries
-            await self._run_pinned(run, context, index, emit, search_calls(queries))
-            return await self._answer(run, index, emit, latest_from=latest_from)
-        continue_with(run, replan)
-        await self._react(run, context, index, emit, self.config.replan_max_turns or self.config.max_turns)
-        return await self._answer(run, index, emit)
+            await self._run_pinned(run, search_calls(queries))
+            return await self._answer(run, latest_from=latest_from)
+        run.continue_with(replan)
+        await self._react(run, self.config.replan_max_turns or self.config.max_turns)
+        return await self._answer(run)
 
-    async def _answer(self, run: ExecutorRun, index: int, emit: Emit, *, latest_from: int = 0) -> str | None:
+    async def _answer(self, run: ExecutorRun, *, latest_from: int = 0) -> str | None:
         """The trajectory's answer: the Executor's own, or the one its answer strategy asks for
         (``strategies.answer``); the Executor's own when that call fails or says nothing."""
         own = run.last_answer()
@@ -149,29 +164,28 @@ class RolloutRunner:
                 (answer,) = await complete(self.client, self.config.roles.executor, messages, options,
                                            images=run.images)
         except ValueError as err:
-            emit("executor_stopped", {"rollout": index, "detail": str(err)})
+            run.emit("executor_stopped", {"detail": str(err)})
             return own
         return strip_think(answer).strip() or own
 
-    async def _react(self, run: ExecutorRun, context: ToolContext, index: int, emit: Emit, max_turns: int, *,
-                     answer_last: bool = True) -> None:
+    async def _react(self, run: ExecutorRun, max_turns: int, *, answer_last: bool = True) -> None:
         """Think → tool call or answer, until an answer, a turn without a call, or the turn cap;
         ``answer_last``: the cap's last turn is the answer-only one (``force_final_answer``)."""
         for turn_index in range(max_turns):
             is_last = answer_last and turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
             if self.strategies.turns.is_answer_only(is_last):
-                ask_for_the_answer(run)
+                run.ask_for_the_answer()
             try:
                 with self.stages("execute_turn"):
                     (text,) = await complete(self.client, self.config.roles.executor, run.messages, options,
                                              images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
-                emit("executor_stopped", {"rollout": index, "detail": str(err)})
+                run.emit("executor_stopped", {"detail": str(err)})
                 return
             turn = parse_executor_turn(text)
-            observation = await self._observe(run, turn, context, index, emit)
-            record(run, turn, observation)
+            observation = await self._observe(run, turn)
+            run.record(turn, observation)
             if observation is None:
                 return
 
@@ -182,43 +196,40 @@ class RolloutRunner:
                                    regex=turns.regex(run, is_last=is_last), affinity_key=run.affinity)
         return with_room_for(options, turns.max_chars(run))
 
-    async def _run_pinned(self, run: ExecutorRun, context: ToolContext, index: int, emit: Emit,
-                          calls: list[ToolCall]) -> None:
+    async def _run_pinned(self, run: ExecutorRun, calls: list[ToolCall]) -> None:
         """Turns that are pinned whole (a ``searches`` plan answered from the evidence: the Executor has no
         free turn, and only the thinking would be generated, which nothing reads) are written here, not
         generated: their calls run at once (one search batch), in order in the trajectory. Generating
         them would cost a structured-output compile per query (the think block's bounded repeat) and
         the decoding, for the same searches."""
         turns = [written_turn(call) for call in calls]
-        observations = await asyncio.gather(*(self._observe(run, turn, context, index, emit) for turn in turns))
+        observations = await asyncio.gather(*(self._observe(run, turn) for turn in turns))
         for turn, observation in zip(turns, observations):
-            record(run, turn, observation)
+            run.record(turn, observation)
 
-    async def _observe(self, run: ExecutorRun, turn: ExecutorTurn, context: ToolContext, index: int,
-                       emit: Emit) -> Observation | None:
+    async def _observe(self, run: ExecutorRun, turn: ExecutorTurn) -> Observation | None:
         """The tool result that follows a turn; None when the turn ends the loop."""
         if turn.tool_call is None:
             if turn.tool_call_error is None:
                 return None
             return Observation(f"Error: {turn.tool_call_error}", False)
-        emit("tool_call", {"rollout": index, "name": turn.tool_call.name, "arguments": turn.tool_call.arguments})
+        run.emit("tool_call", {"name": turn.tool_call.name, "arguments": turn.tool_call.arguments})
         with self.stages("tool_call"):
-            observation = await self.tools.call(turn.tool_call, context, max_words=self.config.tool_response_max_words)
-        run.num_tool_calls += 1
-        run.num_successful_tool_calls += int(observation.is_success)
-        emit("observation", {"rollout": index, "is_success": observation.is_success,
-                             "text": truncate_words(observation.text, 60)})
+            observation = await self.tools.call(turn.tool_call, run.context,
+                                                max_words=self.config.tool_response_max_words)
+        run.count_call(observation)
+        run.emit("observation", {"is_success": observation.is_success, "text": truncate_words(observation.text, 60)})
         return observation
 
-    async def _reflect(self, question: str, planner: PlannerTranscript, run: ExecutorRun, answer: str | None,
-                       index: int, emit: Emit, explore: bool) -> tuple[str, str]:
+    async def _reflect(self, run: ExecutorRun, planner: PlannerTranscript, answer: str | None,
+                       explore: bool) -> tuple[str, str]:
         """(raw yes/no, replan text or ""): the Planner reads the trace and may revise its plan once.
 
         Its conversation continues in token space from the plan exactly as sampled, so the reflection and
         the replan are conditioned on the Planner's own tokens, as the learner will score them; when
         exploring they are sampled as the learner assumes (rollout temperature, no constraint). ``answer``:
         the answer the trace led to, which the answer strategy may show after the trace."""
-        trace = prompts.render_trace(question, run.turns, run.observations, self.config.trace_max_words)
+        trace = prompts.render_trace(run.question, run.turns, run.observations, self.config.trace_max_words)
         trace += self.strategies.answer.trace_note(answer)
         sampling = self.config.sampling.planner
         temperature = self.config.planner_rollout_temperature if explore else None
@@ -235,7 +246,7 @@ class RolloutRunner:
         replan = await self._replan(planner, run, temperature)
         if not replan:
             return decision, ""
-        emit("replan", {"rollout": index, "replan": truncate_words(replan, 80)})
+        run.emit("replan", {"replan": truncate_words(replan, 80)})
         return decision, replan
 
     async def _replan(self, planner: PlannerTranscript, run: ExecutorRun, temperature: float | None) -> str:

@@ -10,7 +10,7 @@ import msgspec
 from mia_engine.config.agent import AgentConfig, RoleSampling, StageSampling
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
 from mia_engine.agent.plan_searches import plan_searches_regex
-from mia_engine.agent.executor_run import ExecutorRun, continue_with
+from mia_engine.agent.executor_run import ExecutorRun
 from mia_engine.agent.turns import parse_executor_turn
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHit, SearchResult
@@ -336,12 +336,12 @@ async def test_a_replan_gets_its_own_turn_budget_and_can_search() -> None:
 def test_the_continued_turn_keeps_its_reasoning_without_its_answer() -> None:
     turn = parse_executor_turn(ANSWER)
     run = ExecutorRun([{"role": "user", "content": "question"}, {"role": "assistant", "content": turn.text}], "q", [turn])
-    continue_with(run, "2. search again")
+    run.continue_with("2. search again")
     assert run.messages[1] == {"role": "assistant", "content": "<think>found</think>"}  # reasoning kept, answer gone
     assert run.messages[2]["role"] == "user" and "2. search again" in run.messages[2]["content"]
     bare = parse_executor_turn("<answer>Seine</answer>")
     run = ExecutorRun([{"role": "user", "content": "question"}, {"role": "assistant", "content": bare.text}], "q", [bare])
-    continue_with(run, "2. search again")
+    run.continue_with("2. search again")
     assert [m["role"] for m in run.messages] == ["user", "user"]  # nothing left of that turn: dropped
 
 

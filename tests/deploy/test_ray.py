@@ -150,11 +150,11 @@ def test_vllm_ray_executor_needs_no_gpu_on_the_driver_node(monkeypatch: pytest.M
 
 def test_serve_refuses_a_ray_engine_without_a_cluster_address(capsys: pytest.CaptureFixture[str]) -> None:
     """Without RAY_ADDRESS, vLLM's ``ray.init()`` starts a private Ray instance that owns this box's GPUs."""
-    from mia_engine.cli import _preflight
+    from mia_engine.preflight import preflight
 
     config = load_config("tiny", {"engines.tiny.executor_backend": "ray", "learner.shared_dirs": ["/"]})
-    assert _preflight(config, environ={}) == 2
+    assert preflight(config, environ={}) == 2
     assert capsys.readouterr().err.strip() == (
         "python -m mia_engine: error: engines.tiny.executor_backend: 'ray' needs the cluster's address: export "
         "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')")
-    assert _preflight(load_config("tiny"), environ={}) == 0
+    assert preflight(load_config("tiny"), environ={}) == 0

@@ -41,6 +41,7 @@ assert isinstance(platforms.current_platform, FakeCudaPlatform)
 asked = "mia_engine.engines.platforms" in sys.modules  # vLLM loaded our entry point, which stood aside
 
 from mia_engine import cli
+from mia_engine.preflight import bound_onednn_caches
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.services import Services
 
@@ -50,7 +51,7 @@ args, config = cli.parse_config(
      *(f"--engines.{name}.model={fixtures / name}" for name in ("qwen3-8b", "qwen2_5-vl-7b", "qwen3-32b")),
      "--engines.qwen3-32b.cpu.kv_cache_space_gib=4"],  # a CPU-only setting that must not split a GPU group
     {"MIA_API_KEY": "api-key-of-16-chars", "MIA_ADMIN_API_KEY": "admin-key-of-16-chars"})
-cli._bound_onednn_caches(config)
+bound_onednn_caches(config)
 services = Services(config)
 started = {}
 
