@@ -55,7 +55,7 @@ QUESTIONS = ["Which river flows through Paris?", "Who wrote Pride and Prejudice?
 
 
 class RecordingClient:
-    """The engine interface of the research loop, recording each ``generate`` (for the replay)."""
+    """The engine interface of the research loop, recording each ``generate`` of every role (for the replay)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -67,15 +67,29 @@ class RecordingClient:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+    def role(self, name: str) -> RecordingRole:
+        return RecordingRole(self, self.inner.role(name))
+
+
+class RecordingRole:
+    """One role's handle whose ``generate`` calls are recorded on the client."""
+
+    def __init__(self, client: RecordingClient, inner: Any) -> None:
+        self.client = client
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                        stream: bool, **extra: Any) -> AsyncIterator[Any]:
-        self.calls.append((model, list(prompt_ids), options, extra))
+        self.client.calls.append((self.inner.name, list(prompt_ids), options, extra))
         start = time.perf_counter()
         try:
-            async for deltas in self.inner.generate(model, prompt_ids, options, request_id, stream=stream, **extra):
+            async for deltas in self.inner.generate(prompt_ids, options, request_id, stream=stream, **extra):
                 yield deltas
         finally:
-            self.each_s.append(time.perf_counter() - start)
+            self.client.each_s.append(time.perf_counter() - start)
 
 
 class RecordingTools:
@@ -110,8 +124,8 @@ async def replay(services: Services, client: RecordingClient, tools: RecordingTo
     llm = []
     for i, (model, prompt_ids, options, extra) in enumerate(client.calls):
         start = time.perf_counter()
-        async for _ in services.roles.generate(model, prompt_ids, options, f"replay-{i}-{time.time_ns()}",
-                                               stream=False, **extra):
+        async for _ in services.roles.role(model).generate(prompt_ids, options, f"replay-{i}-{time.time_ns()}",
+                                                           stream=False, **extra):
             pass
         llm.append(time.perf_counter() - start)
     tool = 0.0

@@ -46,7 +46,7 @@ async def bare_model(services: Services, questions, gate: asyncio.Semaphore) -> 
     async def one(q) -> str:
         async with gate:
             messages = [{"role": "user", "content": f"Answer with only the name or number.\nQuestion: {q.question}"}]
-            (text,) = await complete(services.roles, "manager", messages,
+            (text,) = await complete(services.roles.role("manager"), messages,
                                      sampling_options(services.config.agent.sampling.manager))
             return text
 

@@ -46,7 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.peer import ServedRoles  # noqa: E402
+from bench.peer import RolesByName, ServedRoles  # noqa: E402
 from bench.servers import launch_mia, launch_vllm  # noqa: E402
 from bench.results_io import Result  # noqa: E402
 from bench.stats import cpu_spent, metrics_breakdown, percentile, report, tree_cpu_s  # noqa: E402
@@ -65,7 +65,7 @@ from mia_engine.tools.registry import Tools  # noqa: E402
 from mia_engine.tools.search import LocalSearch  # noqa: E402
 
 
-class HttpRoles:
+class HttpRoles(RolesByName):
     """The engine interface over HTTP, one request per LLM call, like the reference's services."""
 
     def __init__(self, base_url: str, max_model_len: int) -> None:

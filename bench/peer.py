@@ -13,6 +13,7 @@ unloaded once its requests finish).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,30 @@ from vllm.lora.request import LoRARequest
 from mia_engine.config import MIAConfig, SamplingDefaults, resolve_role
 from mia_engine.engines.adapters import AdapterRegistry
 from mia_engine.engines.client import CompletionDelta, ContextLengthError, SamplingOptions
-from mia_engine.engines.roles import turn_glue
+from mia_engine.engines.role_handle import turn_glue
 from mia_engine.models.embedded import adapter_dir
+
+
+class NamedRole:
+    """``client.role(name)`` of a client whose methods take the model id first (``render_chat(model, ...)``):
+    each call is the client's method with ``name`` bound."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return functools.partial(getattr(self._client, attr), self.name)
+
+
+class RolesByName:
+    """``role``/``find`` of the engine interface, for a client keyed by model id."""
+
+    def role(self, name: str) -> NamedRole:
+        return NamedRole(self, name)
+
+    def find(self, name: str) -> NamedRole:
+        return NamedRole(self, name)
 
 
 class ServedLoRAHost:
@@ -55,7 +78,7 @@ With httpx's default, also 5 s, a request sent on a connection the server was cl
 ``ReadError`` (a seventeenth-session run of ``bench_research.py``)."""
 
 
-class ServedRoles:
+class ServedRoles(RolesByName):
     """The agent's engine interface (``render_chat``, ``extend_chat``, ``generate``, ...) over ``vllm serve``."""
 
     def __init__(self, config: MIAConfig, base_url: str, served_name: str, model_dir: Path, home: Path) -> None:

@@ -11,9 +11,10 @@ from mia_engine.agent.records import PlannerTokens, Rollout, Trajectory
 from mia_engine.agent.turns import ExecutorTurn
 from mia_engine.evals.evaluate import _generated_tokens
 from mia_engine.tools.calls import ToolCall
+from tests.fakes import RolesByName
 
 
-class _Words:
+class _Words(RolesByName):
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 

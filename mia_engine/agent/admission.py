@@ -5,8 +5,8 @@ The agent raises ``QuestionRejected``; the server answers it with a 400.
 
 from __future__ import annotations
 
+from ..engines.client import EngineClient
 from ..config.agent import AgentRoles
-from .llm import ChatClient
 
 CONTEXT_SHARE = 4
 """Question and gold answers may take at most 1/CONTEXT_SHARE of the smallest role context (they are
@@ -25,9 +25,9 @@ class QuestionRejected(ValueError):
         self.code = code
 
 
-def check_images(client: ChatClient, roles: AgentRoles) -> None:
+def check_images(client: EngineClient, roles: AgentRoles) -> None:
     """The captioner and the Executor both see a question's image: their engines must take images."""
-    blind = [role for role in dict.fromkeys((roles.captioner, roles.executor)) if not client.supports_images(role)]
+    blind = [role for role in dict.fromkeys((roles.captioner, roles.executor)) if not client.role(role).supports_images()]
     if blind:
         raise QuestionRejected(
             f"Image questions need roles that take images; in this configuration "
@@ -35,14 +35,15 @@ def check_images(client: ChatClient, roles: AgentRoles) -> None:
             "the engines' models).", field="image", code="images_not_supported")
 
 
-async def check_fits(client: ChatClient, roles: AgentRoles, question: str, ground_truth: list[str] | None) -> None:
+async def check_fits(client: EngineClient, roles: AgentRoles, question: str, ground_truth: list[str] | None) -> None:
     """Question and gold answers must leave room in every role's context: at most a quarter of the
     smallest one, in the Planner's tokens, so an over-long question is refused up front, not after the
     research ran."""
     models = {roles.planner, roles.executor, roles.manager, roles.judge, roles.router}
-    budget = min(client.max_model_len(m) for m in models) // CONTEXT_SHARE
+    budget = min(client.role(m).max_model_len() for m in models) // CONTEXT_SHARE
+    planner = client.role(roles.planner)
     for field, text in (("question", question), ("ground_truth", " ".join(ground_truth or []))):
-        num_tokens = len(await client.render_chat(roles.planner, [{"role": "user", "content": text}]))
+        num_tokens = len(await planner.render_chat([{"role": "user", "content": text}]))
         if num_tokens > budget:
             raise QuestionRejected(f"The {field} takes {num_tokens} tokens; this server's models allow {budget}.",
                                    field=field, code="context_length_exceeded")

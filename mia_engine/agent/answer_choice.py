@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from . import prompts
+from ..engines.client import EngineClient
 from ..config.agent import AgentConfig
-from .llm import ChatClient, Completion, complete_ids, sampling_options
+from .llm import Completion, complete_ids, sampling_options
 from .evidence_support import QuestionTerms, is_degenerate, passages_of, salvage, support
 from .records import AnswerSource
 
@@ -82,17 +83,16 @@ class ClosedBookChoice:
         return AnswerChoice(own, "own")
 
 
-async def ask_closed_book(client: ChatClient, config: AgentConfig, question: str, *,
+async def ask_closed_book(client: EngineClient, config: AgentConfig, question: str, *,
                           affinity_key: str | None = None) -> Completion | None:
     """The Manager's answer to the question alone, no tools, asked for a name or a number with the
     ``closed_book`` sampling (the research loop's candidate and the eval's ``bare`` mode); None when the
     question does not fit the Manager's context."""
-    manager = config.roles.manager
+    manager = client.role(config.roles.manager)
     options = sampling_options(config.sampling.closed_book, affinity_key=affinity_key)
     try:
-        prompt = await client.render_chat(manager, [{"role": "user",
-                                                     "content": prompts.CLOSED_BOOK.render(question=question)}])
-        (completion,) = await complete_ids(client, manager, prompt, options)
+        prompt = await manager.render_chat([{"role": "user", "content": prompts.CLOSED_BOOK.render(question=question)}])
+        (completion,) = await complete_ids(manager, prompt, options)
     except ValueError:
         return None
     return completion

@@ -3,7 +3,7 @@
 The loop (or ``judge_supervised`` with an ``LLMGrader``, and ``judge_unsupervised``, below) does::
 
     messages, options = build_grader(question, gold, prediction, config)
-    text, = await complete(client, config.roles.judge, messages, options)
+    text, = await complete(client.role(config.roles.judge), messages, options)
     verdict = parse_grader(text)
 
 Supervised: a SimpleQA-style grader with the gold target (A correct / B incorrect / C not
@@ -17,13 +17,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..engines.client import SamplingOptions
+from ..engines.client import EngineClient, SamplingOptions
 from . import prompts
 from .answer_match import is_match
 from ..config.agent import AgentConfig
 from .evidence_support import QuestionTerms, is_degenerate, passages_of, support
 from .executor_run import evidence_texts
-from .llm import ChatClient, complete, sampling_options
+from .llm import complete, sampling_options
 from .records import Trajectory
 from .verdicts import (
     GRADER_REGEX,
@@ -76,7 +76,7 @@ def not_attempted(source: str = "supervised") -> Verdict:
 class SupervisedJudge(Protocol):
     """How an answer is graded against the gold answers (``agent.supervised_judge``)."""
 
-    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
+    async def grade(self, client: EngineClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
         ...
 
 
@@ -86,9 +86,9 @@ class LLMGrader:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
 
-    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
+    async def grade(self, client: EngineClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
         messages, options = build_grader(question, gold_answers, prediction, self.config)
-        (text,) = await complete(client, self.config.roles.judge, messages, options)
+        (text,) = await complete(client.role(self.config.roles.judge), messages, options)
         return parse_grader(text)
 
 
@@ -96,12 +96,12 @@ class StringMatch:
     """Normalised exact-or-contains match, no model call (``supervised_judge = "match"``): for judge
     models too small to grade."""
 
-    async def grade(self, client: ChatClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
+    async def grade(self, client: EngineClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
         is_correct = is_match(prediction, gold_answers)
         return Verdict(is_correct, "A" if is_correct else "B", "supervised", reason="normalised string match")
 
 
-async def judge_supervised(client: ChatClient, judge: SupervisedJudge, question: str,
+async def judge_supervised(client: EngineClient, judge: SupervisedJudge, question: str,
                            gold_answers: Sequence[str], prediction: str | None) -> Verdict:
     """An empty answer is not attempted (no call); any other is graded by ``judge``."""
     if not prediction or not prediction.strip():
@@ -143,21 +143,22 @@ def unsupervised_verdict(reviews: Sequence[Review], area_chair_text: str) -> Ver
     return Verdict(decision == "A", decision, "unsupervised", list(reviews), reason)
 
 
-async def judge_unsupervised(client: ChatClient, config: AgentConfig, question: str, trajectory: str,
+async def judge_unsupervised(client: EngineClient, config: AgentConfig, question: str, trajectory: str,
                              prediction: str | None) -> Verdict:
     """Three reviews concurrently, then the Area Chair."""
     if not prediction or not prediction.strip():
         return not_attempted("unsupervised")
     requests = [build_review(kind, question, trajectory, prediction, config) for kind in REVIEWERS]
-    texts = await asyncio.gather(*(complete(client, config.roles.judge, m, o) for m, o in requests))
+    judge = client.role(config.roles.judge)
+    texts = await asyncio.gather(*(complete(judge, m, o) for m, o in requests))
     reviews = [parse_review(kind, text[0]) for kind, text in zip(REVIEWERS, texts)]
     messages, options = build_area_chair(question, trajectory, prediction, reviews, config)
-    (text,) = await complete(client, config.roles.judge, messages, options)
+    (text,) = await complete(judge, messages, options)
     return unsupervised_verdict(reviews, text)
 
 
 class UnsupervisedJudge(Protocol):
-    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+    async def judge(self, client: EngineClient, question: str, trajectory: Trajectory,
                     prediction: str | None) -> Verdict:
         """The verdict on ``prediction``, the answer returned for ``trajectory``, without ground truth."""
         ...
@@ -169,7 +170,7 @@ class ReviewersJudge:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
 
-    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+    async def judge(self, client: EngineClient, question: str, trajectory: Trajectory,
                     prediction: str | None) -> Verdict:
         trace = prompts.render_trace(question, trajectory.turns, trajectory.observations, self.config.trace_max_words)
         return await judge_unsupervised(client, self.config, question, trace, prediction)
@@ -184,7 +185,7 @@ class GroundedJudge:
     def __init__(self, min_support: float) -> None:
         self.min_support = min_support
 
-    async def judge(self, client: ChatClient, question: str, trajectory: Trajectory,
+    async def judge(self, client: EngineClient, question: str, trajectory: Trajectory,
                     prediction: str | None) -> Verdict:
         return self.verdict(question, prediction, evidence_texts(trajectory.observations))
 

@@ -9,21 +9,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from contextlib import aclosing
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
-from ..engines.client import EngineClient, SamplingOptions
 from ..config.agent import RoleSampling
-
-
-class ChatClient(EngineClient, Protocol):
-    """The engine interface plus chat continuation in token space (``RoleServer`` provides both)."""
-
-    async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
-        """``ids`` (a chat ending in an assistant completion) + a new user turn + the next assistant prompt,
-        in token space: earlier turns are neither re-rendered nor re-tokenized."""
-        ...
+from ..engines.client import RoleClient, SamplingOptions
 
 
 class Completion(msgspec.Struct, frozen=True):
@@ -60,28 +51,28 @@ def with_room_for(options: SamplingOptions, num_chars: int) -> SamplingOptions:
 
 
 async def complete(
-    client: ChatClient, model: str, messages: list[dict[str, Any]], options: SamplingOptions,
+    role: RoleClient, messages: list[dict[str, Any]], options: SamplingOptions,
     request_id: str | None = None, images: Sequence[Any] = (),
 ) -> list[str]:
     """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts.
     ``images``: the decoded images whose ``{"type": "image"}`` parts the messages hold, in order."""
-    prompt_ids = await client.render_chat(model, messages)
-    return [c.text for c in await complete_ids(client, model, prompt_ids, options, request_id, images)]
+    prompt_ids = await role.render_chat(messages)
+    return [c.text for c in await complete_ids(role, prompt_ids, options, request_id, images)]
 
 
 async def complete_ids(
-    client: ChatClient, model: str, prompt_ids: list[int], options: SamplingOptions,
+    role: RoleClient, prompt_ids: list[int], options: SamplingOptions,
     request_id: str | None = None, images: Sequence[Any] = (),
 ) -> list[Completion]:
     """Generate from a prompt already in token space; the n completions with their token ids."""
     # What is left of the context (raises once the prompt fills it), capped by the role's budget: a
     # long trajectory near the end of the context still gets its last, shorter turn.
-    room = client.max_tokens_for(model, len(prompt_ids), None)
+    room = role.max_tokens_for(len(prompt_ids), None)
     options = msgspec.structs.replace(options, max_tokens=min(options.max_tokens, room) if options.max_tokens else room)
     completions = [Completion("", [])] * options.n
     request_id = request_id or f"agent-{uuid.uuid4().hex}"
     extra = {"images": list(images)} if images else {}  # text-only calls keep the plain signature
-    async with aclosing(client.generate(model, prompt_ids, options, request_id, stream=False, **extra)) as outputs:
+    async with aclosing(role.generate(prompt_ids, options, request_id, stream=False, **extra)) as outputs:
         async for deltas in outputs:
             for delta in deltas:
                 if 0 <= delta.index < len(completions):  # non-streaming: each delta is a whole completion

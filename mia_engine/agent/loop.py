@@ -24,9 +24,10 @@ import msgspec
 from . import judge, prompts
 from .admission import check_fits, check_images
 from .answer_choice import ask_closed_book
+from ..engines.client import EngineClient
 from ..config.agent import AgentConfig
 from .executor_run import Emit, evidence_texts, ignore_progress
-from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
+from .llm import Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
 from .records import Rollout, Timings, Trajectory
@@ -88,7 +89,7 @@ class ResearchResult(msgspec.Struct):
 class ResearchAgent:
     """Answers questions with the Planner, Executor, Manager roles, the memory store and the tools."""
 
-    def __init__(self, client: ChatClient, memory: MemoryService, tools: Tools, config: AgentConfig,
+    def __init__(self, client: EngineClient, memory: MemoryService, tools: Tools, config: AgentConfig,
                  on_learn: OnLearn | None = None, stages: StageObserver | None = None) -> None:
         self.client = client
         self.memory = memory
@@ -166,7 +167,7 @@ class ResearchAgent:
         text = prompts.CAPTION.render(max_words=self.config.caption_max_words)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
         with q.clock("caption"):
-            (caption,) = await complete(self.client, self.config.roles.captioner, messages,
+            (caption,) = await complete(self.client.role(self.config.roles.captioner), messages,
                                         sampling_options(self.config.sampling.caption), images=[q.request.image])
             caption = truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
         q.emit("caption", {"caption": caption})
@@ -197,10 +198,10 @@ class ResearchAgent:
         temperature = self.config.planner_rollout_temperature if request.is_exploring else None
         options = sampling_options(self.config.sampling.planner, n=request.num_rollouts, temperature=temperature,
                                    regex=ask.regex, affinity_key=q.affinity)
-        planner = self.config.roles.planner
+        planner = self.client.role(self.config.roles.planner)
         with q.clock("plan"):
-            prompt_ids = await self.client.render_chat(planner, [{"role": "user", "content": ask.text}])
-            completions = await complete_ids(self.client, planner, prompt_ids, with_room_for(options, ask.min_tokens))
+            prompt_ids = await planner.render_chat([{"role": "user", "content": ask.text}])
+            completions = await complete_ids(planner, prompt_ids, with_room_for(options, ask.min_tokens))
         return prompt_ids, list(completions)
 
     async def _route(self, q: _Question, plans: list[str]) -> int:
@@ -281,8 +282,8 @@ class ResearchAgent:
         schema = plan_choice_schema(len(plans)) if self.config.structured_judges else None
         options = sampling_options(self.config.sampling.router, json_schema=schema)
         try:
-            (choice,) = await complete(self.client, self.config.roles.router, [{"role": "user", "content": text}],
-                                       options)
+            (choice,) = await complete(self.client.role(self.config.roles.router),
+                                       [{"role": "user", "content": text}], options)
         except ValueError:  # a prompt too long for the router: fall back to the first plan
             return 0
         return parse_plan_choice(choice, len(plans))

@@ -22,7 +22,7 @@ import msgspec
 from . import prompts
 from ..config.agent import AgentConfig
 from .executor_run import Emit, ExecutorRun, search_calls, written_turn
-from .llm import ChatClient, Completion, complete, complete_ids, sampling_options, with_room_for
+from .llm import Completion, complete, complete_ids, sampling_options, with_room_for
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
 from .planner_transcript import PlannerTranscript
@@ -30,7 +30,7 @@ from .records import Trajectory
 from .stages import StageTimer
 from .strategies import Strategies, choose_strategies
 from .turns import ExecutorTurn, parse_executor_turn
-from ..engines.client import SamplingOptions
+from ..engines.client import EngineClient, SamplingOptions
 from ..tools.calls import Observation, ToolCall, truncate_words
 from ..tools.registry import ToolContext, Tools
 
@@ -78,7 +78,7 @@ class Course(NamedTuple):
 class RolloutRunner:
     """Runs rollouts for one engine client, tool set and agent config (shared by all questions)."""
 
-    def __init__(self, client: ChatClient, tools: Tools, config: AgentConfig, stages: StageTimer | None = None,
+    def __init__(self, client: EngineClient, tools: Tools, config: AgentConfig, stages: StageTimer | None = None,
                  strategies: Strategies | None = None) -> None:
         self.client = client
         self.tools = tools
@@ -161,7 +161,7 @@ class RolloutRunner:
         messages, options = request
         try:
             with self.stages("evidence_answer"):
-                (answer,) = await complete(self.client, self.config.roles.executor, messages, options,
+                (answer,) = await complete(self.client.role(self.config.roles.executor), messages, options,
                                            images=run.images)
         except ValueError as err:
             run.emit("executor_stopped", {"detail": str(err)})
@@ -178,7 +178,7 @@ class RolloutRunner:
                 run.ask_for_the_answer()
             try:
                 with self.stages("execute_turn"):
-                    (text,) = await complete(self.client, self.config.roles.executor, run.messages, options,
+                    (text,) = await complete(self.client.role(self.config.roles.executor), run.messages, options,
                                              images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
                 run.emit("executor_stopped", {"detail": str(err)})
@@ -264,10 +264,10 @@ class RolloutRunner:
                             is_sampled: bool = True) -> str | None:
         """One more Planner turn after ``user_text``; None when the context is full or the engine refuses.
         ``is_sampled``: its tokens are the policy's own samples (else context only, like a regex-written plan)."""
-        model = self.config.roles.planner
+        role = self.client.role(self.config.roles.planner)
         try:
-            prompt = await self.client.extend_chat(model, planner.ids(), user_text)
-            (completion,) = await complete_ids(self.client, model, prompt, options)
+            prompt = await role.extend_chat(planner.ids(), user_text)
+            (completion,) = await complete_ids(role, prompt, options)
         except ValueError:
             return None
         planner.append(prompt, completion.token_ids, is_sampled=is_sampled)

@@ -16,8 +16,9 @@ import sys
 from typing import Protocol
 
 from . import prompts
+from ..engines.client import EngineClient
 from ..config.agent import AgentConfig
-from .llm import ChatClient, complete, sampling_options
+from .llm import complete, sampling_options
 from .model_text import strip_think
 from .plan_searches import parse_plan_searches, render_plan_searches
 from .records import Rollout, Trajectory
@@ -30,7 +31,7 @@ _MAX_TITLES = 3
 
 
 class WorkflowWriter(Protocol):
-    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+    async def write(self, client: EngineClient, question: str, rollout: Rollout) -> str:
         """The workflow memory of a judged rollout (``client``: the engines, for a writer that asks a model)."""
         ...
 
@@ -41,7 +42,7 @@ class ManagerSummary:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
 
-    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+    async def write(self, client: EngineClient, question: str, rollout: Rollout) -> str:
         """The summary, its thinking stripped; the plan's start when the Manager gives nothing."""
         config, trajectory = self.config, rollout.trajectory
         trace = prompts.render_trace(question, trajectory.turns, trajectory.observations, config.trace_max_words)
@@ -49,7 +50,7 @@ class ManagerSummary:
                                                outcome="correct" if rollout.is_correct else "incorrect",
                                                trajectory=trace)
         try:
-            (summary,) = await complete(client, config.roles.manager, [{"role": "user", "content": text}],
+            (summary,) = await complete(client.role(config.roles.manager), [{"role": "user", "content": text}],
                                         sampling_options(config.sampling.manager))
         except ValueError:
             summary = ""
@@ -62,7 +63,7 @@ class ExtractiveWorkflow:
     def __init__(self, max_words: int) -> None:
         self.max_words = max_words
 
-    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+    async def write(self, client: EngineClient, question: str, rollout: Rollout) -> str:
         return extractive_workflow(rollout.trajectory, rollout.is_correct, self.max_words)
 
 
@@ -73,7 +74,7 @@ class SearchesWorkflow:
     def __init__(self, max_searches: int) -> None:
         self.max_searches = max_searches
 
-    async def write(self, client: ChatClient, question: str, rollout: Rollout) -> str:
+    async def write(self, client: EngineClient, question: str, rollout: Rollout) -> str:
         return searches_workflow(parse_plan_searches(rollout.plan, self.max_searches), rollout.is_correct)
 
 

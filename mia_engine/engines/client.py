@@ -1,8 +1,8 @@
 """The interface between the HTTP layer (and the agent) and the engines, with its typed messages.
 
 Handlers depend on ``EngineClient`` only, so the API can be exercised with a fake and the engines with
-the real thing. Roles are addressed by model id (``planner``, ``executor``, ... or an engine's name
-for its bare base model).
+the real thing. A served model id (``planner``, ``executor``, ... or an engine's name for its bare base
+model) is one ``RoleClient``, asked for once (``client.role(model)``) and then called without a name.
 """
 
 from __future__ import annotations
@@ -119,31 +119,27 @@ class ExtractedToolCalls(msgspec.Struct, frozen=True):
     """Empty: the model called no tool (``content`` is then the whole text)."""
 
 
-class EngineClient(Protocol):
-    def models(self) -> list[ModelCard]: ...
+class RoleClient(Protocol):
+    """One model id served (a role, or an engine's bare base model): ``EngineClient.role(model)``."""
 
-    def has_model(self, model: str) -> bool: ...
+    name: str
 
-    def is_ready(self) -> bool: ...
+    def max_model_len(self) -> int: ...
 
-    def not_ready_reason(self) -> str: ...
-
-    def max_model_len(self, model: str) -> int: ...
-
-    def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
+    def max_tokens_for(self, prompt_len: int, requested: int | None) -> int:
         """The completion budget of a request: ``requested``, or (None) the role's default capped by the
         context left after the prompt. Raises ``ContextLengthError`` when the prompt leaves no room."""
         ...
 
-    def vocab_size(self, model: str) -> int:
-        """The vocabulary of ``model``'s engine in tokens; 0 when unknown (or no such model)."""
+    def vocab_size(self) -> int:
+        """The vocabulary of the model's engine in tokens; 0 when unknown."""
         ...
 
-    def supports_images(self, model: str) -> bool:
-        """Requests to ``model`` may carry images (its engine serves a vision-language model)."""
+    def supports_images(self) -> bool:
+        """Requests may carry images (the engine serves a vision-language model)."""
         ...
 
-    async def render_chat(self, model: str, messages: list[dict[str, Any]], *,
+    async def render_chat(self, messages: list[dict[str, Any]], *,
                           tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Apply the model's chat template (with the generation prompt) and tokenize. A message's content
         is a string, or (on a model that takes images) a list of ``{"type": "text", "text": ...}`` and
@@ -151,32 +147,40 @@ class EngineClient(Protocol):
         OpenAI function definitions, handed to the template (which describes them to the model)."""
         ...
 
-    async def tokenize(self, model: str, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` under the model's tokenizer (off the event loop: a text can be long)."""
         ...
 
-    async def detokenize(self, model: str, token_ids: list[int]) -> str:
-        """The text of ``token_ids`` under the model's tokenizer; raises ``ValueError`` for an id out of
-        its vocabulary."""
+    async def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
         ...
 
-    def parses_tool_calls(self, model: str) -> bool:
-        """``model``'s engine has a tool-call parser (``EngineConfig.tool_call_parser``), so it can answer
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``; raises ``ValueError`` for an id out of the vocabulary."""
+        ...
+
+    async def extend_chat(self, ids: list[int], user_text: str) -> list[int]:
+        """``ids`` (a chat ending in an assistant completion) + a new user turn + the next assistant prompt,
+        in token space: earlier turns are neither re-rendered nor re-tokenized."""
+        ...
+
+    def parses_tool_calls(self) -> bool:
+        """The engine has a tool-call parser (``EngineConfig.tool_call_parser``), so it can answer
         ``tool_choice: "auto"``."""
         ...
 
-    def skips_special_tokens(self, model: str, tools: list[dict[str, Any]]) -> bool:
+    def skips_special_tokens(self, tools: list[dict[str, Any]]) -> bool:
         """Whether an ``auto`` completion with these ``tools`` may be detokenized without special tokens
         (False where the engine's tool-call parser needs its call tags, which some models mark special)."""
         ...
 
-    async def extract_tool_calls(self, model: str, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
-        """The tool calls in a finished ``auto`` completion, read by ``model``'s engine's tool-call parser
-        (off the event loop)."""
+    async def extract_tool_calls(self, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
+        """The tool calls in a finished ``auto`` completion, read by the engine's tool-call parser (off the
+        event loop)."""
         ...
 
     def generate(
-        self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
+        self, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
         images: Sequence[Any] = (),
     ) -> AsyncIterator[list[CompletionDelta]]:
         """Yield deltas while generating (``stream``) or once with every completion whole. ``images``:
@@ -184,3 +188,23 @@ class EngineClient(Protocol):
 
         Raises ``InvalidGeneration`` or ``EngineUnavailable`` (at the first ``anext`` at the latest)."""
         ...
+
+
+class EngineClient(Protocol):
+    def models(self) -> list[ModelCard]: ...
+
+    def has_model(self, model: str) -> bool:
+        """The model id is configured (it may not be served yet)."""
+        ...
+
+    def role(self, model: str) -> RoleClient:
+        """The handle of a served model id; ``KeyError`` for one that is not (or not yet) served."""
+        ...
+
+    def find(self, model: str) -> RoleClient | None:
+        """``role``, or None for a model id that is not served."""
+        ...
+
+    def is_ready(self) -> bool: ...
+
+    def not_ready_reason(self) -> str: ...

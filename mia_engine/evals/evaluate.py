@@ -139,7 +139,7 @@ async def _generated_tokens(services: Services, executor: str, result: ResearchR
             executor_texts.append(trajectory.first_answer or "")
         for role, texts in ((agent.roles.planner, planner_texts), (executor, executor_texts)):
             for text in filter(None, texts):
-                total += len(await services.roles.encode(role, text))
+                total += len(await services.roles.role(role).encode(text))
     return total
 
 

@@ -313,7 +313,8 @@ async def planner_samples(client: Any, model: str, plan_messages: list[dict[str,
                           rewards: list[float], group_id: str) -> list[GRPOSample]:
     """GRPO samples of plans scored outside the server (``POST /v1/adapters/{role}/grpo``): the Planner's
     prompt and the plan texts, tokenized here since the caller has text only."""
-    prompt_ids = await client.render_chat(model, plan_messages)
-    return [GRPOSample(prompt_ids=prompt_ids, completion_ids=await client.encode(model, plan), reward=reward,
+    role = client.role(model)
+    prompt_ids = await role.render_chat(plan_messages)
+    return [GRPOSample(prompt_ids=prompt_ids, completion_ids=await role.encode(plan), reward=reward,
                        group_id=group_id)
             for plan, reward in zip(plans, rewards) if plan]

@@ -12,7 +12,7 @@ import msgspec
 
 from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
-                              InvalidGeneration, SamplingOptions)
+                              InvalidGeneration, RoleClient, SamplingOptions)
 from .chat_messages import flatten_message, message_text, template_message, with_tool_fields
 from .completion_parts import choice_logprobs_out, encode_with_logprobs
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
@@ -30,6 +30,8 @@ class PreparedChat(msgspec.Struct):
     """A validated request, ready for the engine."""
 
     request: ChatCompletionRequest
+    role: RoleClient
+    """The model id the request names."""
     prompt_ids: list[int]
     options: SamplingOptions
     request_id: str
@@ -55,67 +57,75 @@ class ChatService:
 
     async def prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         """Everything that can reject a request, before any engine work starts."""
-        self.check_model(request.model)
+        role = self.check_model(request.model)
         if request.n > self.config.max_n:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
-        images = await self._images(request)
-        tools = tool_mode(request, can_parse=bool(request.tools) and self.client.parses_tool_calls(request.model))
-        prompt_ids = await self._render(request, images, tools)
-        options = _options(request, self._max_tokens(request, len(prompt_ids)), tools)
-        if tools.parses and tools.tools and not self.client.skips_special_tokens(request.model, tools.tools):
+        images = await self._images(request, role)
+        tools = tool_mode(request, can_parse=bool(request.tools) and role.parses_tool_calls())
+        prompt_ids = await self._render(request, role, images, tools)
+        options = _options(request, self._max_tokens(request, role, len(prompt_ids)), tools)
+        if tools.parses and tools.tools and not role.skips_special_tokens(tools.tools):
             options = msgspec.structs.replace(options, skip_special_tokens=False)
-        return PreparedChat(request, prompt_ids, options,
+        return PreparedChat(request, role, prompt_ids, options,
                             f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
 
-    async def _images(self, request: ChatCompletionRequest) -> list[Any]:
+    async def _images(self, request: ChatCompletionRequest, role: RoleClient) -> list[Any]:
         """The request's decoded images (none for a text-only request; refused by a text model)."""
         if not (parts := image_parts(request.messages)):
             return []
-        if not self.client.supports_images(request.model):
+        if not role.supports_images():
             raise BadRequest(f"The model `{request.model}` does not take images (its engine serves a text-only "
                              "model); send images to a vision-language role or to `mia`.",
                              param=image_param(*parts[0][:2]), code="images_not_supported")
         return [item.image for item in await load_images(request.messages, self.config.images)]
 
-    async def _render(self, request: ChatCompletionRequest, images: list[Any], tools: ToolMode) -> list[int]:
+    async def _render(self, request: ChatCompletionRequest, role: RoleClient, images: list[Any],
+                      tools: ToolMode) -> list[int]:
         """The prompt's token ids, by the model's chat template."""
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
         check_prompt_chars(sum(len(message_text(m)) for m in request.messages),
-                           self.client.max_model_len(request.model), "messages", self.config.limits)
+                           role.max_model_len(), "messages", self.config.limits)
         try:
             extra = {"tools": tools.tools} if tools.tools else {}
-            return await self.client.render_chat(request.model, messages, **extra)
+            return await role.render_chat(messages, **extra)
         except Exception as err:  # chat templates raise on sequences they don't accept
             raise BadRequest(f"The messages do not fit this model's chat template: {err}", param="messages") from None
 
-    def _max_tokens(self, request: ChatCompletionRequest, num_prompt_tokens: int) -> int:
+    def _max_tokens(self, request: ChatCompletionRequest, role: RoleClient, num_prompt_tokens: int) -> int:
         """The completion's budget: what the request asks (else what the context leaves), capped."""
         try:
-            max_tokens = self.client.max_tokens_for(
-                request.model, num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
+            max_tokens = role.max_tokens_for(num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
         return min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
 
-    def check_model(self, model: str) -> None:
+    def vocab_size(self, model: str) -> int:
+        """The vocabulary of ``model``'s engine in tokens; 0 for a model id not served (yet)."""
+        role = self.client.find(model)
+        return role.vocab_size() if role is not None else 0
+
+    def check_model(self, model: str) -> RoleClient:
+        """The handle of ``model``: 404 where no such model is configured, 503 until the engines are up."""
         if not self.client.has_model(model):
             raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
-        if not self.client.is_ready():
+        role = self.client.find(model) if self.client.is_ready() else None
+        if role is None:
             raise Unavailable(self.client.not_ready_reason(), code="engine_not_ready")
+        return role
 
     async def open(self, chat: PreparedChat, *, stream: bool) -> Generation:
         """Start generating and wait for the first output, so a request the engine refuses still gets a
         proper 4xx/503 rather than a broken stream."""
-        return await self.open_prompt(chat.request.model, chat.prompt_ids, chat.options, chat.request_id,
+        return await self.open_prompt(chat.role, chat.prompt_ids, chat.options, chat.request_id,
                                       stream=stream, images=chat.images)
 
-    async def open_prompt(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
-                          stream: bool, images: list[Any] | None = None) -> Generation:
+    async def open_prompt(self, role: RoleClient, prompt_ids: list[int], options: SamplingOptions, request_id: str,
+                          *, stream: bool, images: list[Any] | None = None) -> Generation:
         """``open`` for a prompt already in token ids (``/v1/completions`` too)."""
-        outputs = self._generate(model, prompt_ids, options, request_id, stream=stream, images=images or [])
+        outputs = self._generate(role, prompt_ids, options, request_id, stream=stream, images=images or [])
         try:
             first = await anext(outputs)
         except StopAsyncIteration:
@@ -178,7 +188,7 @@ class ChatService:
         tool-call parser reads the calls (``tool_calls`` when it found some, as vLLM answers)."""
         if not chat.tools.parses or not chat.tools.tools:
             return _message(chat.tools, text, finish_reason)
-        found = await self.client.extract_tool_calls(chat.request.model, text, chat.tools.tools)
+        found = await chat.role.extract_tool_calls(text, chat.tools.tools)
         calls = parsed_tool_calls(found, chat.request.parallel_tool_calls)
         if calls is None:
             return AssistantMessage(content=found.content), finish_reason
@@ -202,16 +212,16 @@ class ChatService:
                                logprobs)
         return ChunkChoice(delta.index, Delta(content=message.content or ""), reason, logprobs)
 
-    async def _generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
+    async def _generate(self, role: RoleClient, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                         stream: bool, images: list[Any]) -> AsyncIterator[list[CompletionDelta]]:
         """The engine's deltas, with the request's metrics recorded whatever the outcome."""
+        model = role.name
         start = time.perf_counter()
         status, num_tokens, is_first = "cancelled", 0, True
         self.metrics.in_flight.labels(model).inc()
         try:
             extra = {"images": images} if images else {}
-            async with aclosing(self.client.generate(model, prompt_ids, options, request_id,
-                                                     stream=stream, **extra)) as deltas:
+            async with aclosing(role.generate(prompt_ids, options, request_id, stream=stream, **extra)) as deltas:
                 async for batch in deltas:
                     if is_first:
                         self.metrics.first_token.labels(model).observe(time.perf_counter() - start)

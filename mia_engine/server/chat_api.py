@@ -58,7 +58,7 @@ class ChatHandlers:
         raw = await read_body(request, config.max_body_bytes)
         body: ChatCompletionRequest = decode_body(raw, self._decoder)
         warn_ignored("/v1/chat/completions", raw, ChatCompletionRequest)
-        check_chat_limits(body, config.limits, self._chat.client.vocab_size(body.model))
+        check_chat_limits(body, config.limits, self._chat.vocab_size(body.model))
         if body.learn:
             require_admin(request, "Learning from a request (learn: true)", param="learn")
         if body.model == AGENT_MODEL and self._agent_chat is not None:

@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute
 
 from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
-                              InvalidGeneration, SamplingOptions, TokenLogprob)
+                              InvalidGeneration, RoleClient, SamplingOptions, TokenLogprob)
 from .admission import Admission
 from .body import decode_body, read_body
 from .ignored_fields import warn_ignored
@@ -61,6 +61,7 @@ class PreparedPrompt(NamedTuple):
 
 class PreparedCompletion(NamedTuple):
     request: CompletionRequest
+    role: RoleClient
     prompts: list[PreparedPrompt]
     request_id: str
     created: int
@@ -80,12 +81,12 @@ class CompletionHandlers:
         raw = await read_body(request, self._config.max_body_bytes)
         body: CompletionRequest = decode_body(raw, self._decoder)
         warn_ignored("/v1/completions", raw, CompletionRequest)
-        self._check(body)
+        role = self._check(body)
         key = f"model:{body.model}"
         await self._admission.acquire(key, self._config.admission.max_concurrent_per_model, param="model",
                                       request=request)
         try:
-            prepared = await self._prepare(body)
+            prepared = await self._prepare(body, role)
             if body.stream:
                 generations = await self._open(prepared, stream=True)
                 response: Response = StreamingResponse(
@@ -99,12 +100,12 @@ class CompletionHandlers:
         self._admission.release(key)
         return response
 
-    def _check(self, body: CompletionRequest) -> None:
-        """Everything that refuses a request before it takes a slot."""
+    def _check(self, body: CompletionRequest) -> RoleClient:
+        """Everything that refuses a request before it takes a slot; the model's handle."""
         if body.model == AGENT_MODEL and self._has_agent:
             raise BadRequest(f"`{AGENT_MODEL}` (the research agent) answers questions on /v1/chat/completions; "
                              "/v1/completions serves the raw roles.", param="model", code="model_not_supported")
-        self._chat.check_model(body.model)
+        role = self._chat.check_model(body.model)
         limits = self._config.limits
         if body.n > self._config.max_n:
             raise BadRequest(f"n = {body.n} is more than this server allows ({self._config.max_n}).", param="n")
@@ -119,41 +120,35 @@ class CompletionHandlers:
         if body.echo and body.logprobs is not None:
             raise BadRequest("echo with logprobs (the prompt's log-probs) is not supported.", param="echo")
         check_stop(body.stop, limits)
-        check_structured(body, limits, self._client.vocab_size(body.model))
+        check_structured(body, limits, role.vocab_size())
+        return role
 
-    async def _prepare(self, body: CompletionRequest) -> PreparedCompletion:
+    async def _prepare(self, body: CompletionRequest, role: RoleClient) -> PreparedCompletion:
         options = _options(body)
         prompts = []
         for index, prompt in enumerate(_prompts(body.prompt)):
             param = "prompt" if isinstance(body.prompt, str) else f"prompt[{index}]"
             if isinstance(prompt, str):
-                check_prompt_chars(len(prompt), self._client.max_model_len(body.model), param, self._config.limits)
-                ids = await self._client.tokenize(body.model, prompt, add_special_tokens=body.add_special_tokens)
+                check_prompt_chars(len(prompt), role.max_model_len(), param, self._config.limits)
+                ids = await role.tokenize(prompt, add_special_tokens=body.add_special_tokens)
                 echo = prompt if body.echo else ""
             else:
                 ids = prompt
-                echo = await self._detokenize(body.model, ids, param) if body.echo else ""
+                echo = await _detokenize(role, ids, param) if body.echo else ""
             if not ids:
                 raise BadRequest("The prompt is empty.", param=param)
             try:
-                max_tokens = self._client.max_tokens_for(body.model, len(ids), body.max_tokens)
+                max_tokens = role.max_tokens_for(len(ids), body.max_tokens)
             except ContextLengthError as err:
                 raise BadRequest(str(err), param=param, code="context_length_exceeded") from None
             max_tokens = min(max_tokens, self._config.limits.max_tokens)
             prompts.append(PreparedPrompt(ids, echo, msgspec.structs.replace(options, max_tokens=max_tokens)))
-        return PreparedCompletion(body, prompts, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
-
-    async def _detokenize(self, model: str, ids: list[int], param: str) -> str:
-        try:
-            return await self._client.detokenize(model, ids)
-        except ValueError as err:
-            raise BadRequest(f"The prompt's {err}.", param=param) from None
+        return PreparedCompletion(body, role, prompts, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
 
     async def _open(self, prepared: PreparedCompletion, *, stream: bool) -> list[Generation]:
         """Start every prompt's generation at once; if one is refused, close the others and raise."""
-        model = prepared.request.model
         opened = await asyncio.gather(*(
-            self._chat.open_prompt(model, p.ids, p.options, f"{prepared.request_id}-{i}", stream=stream)
+            self._chat.open_prompt(prepared.role, p.ids, p.options, f"{prepared.request_id}-{i}", stream=stream)
             for i, p in enumerate(prepared.prompts)), return_exceptions=True)
         failure = next((g for g in opened if isinstance(g, BaseException)), None)
         if failure is not None:
@@ -264,3 +259,10 @@ def _legacy_logprobs(logprobs: list[TokenLogprob], offset: int) -> CompletionLog
 def _usage(prepared: PreparedCompletion, completion_tokens: int) -> Usage:
     prompt_tokens = sum(len(p.ids) for p in prepared.prompts)
     return Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+
+
+async def _detokenize(role: RoleClient, ids: list[int], param: str) -> str:
+    try:
+        return await role.detokenize(ids)
+    except ValueError as err:
+        raise BadRequest(f"The prompt's {err}.", param=param) from None

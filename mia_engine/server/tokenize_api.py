@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute
 
 from .. import __version__
 from ..config import AGENT_MODEL, ServerConfig
-from ..engines.client import EngineClient
+from ..engines.client import EngineClient, RoleClient
 from .body import read_json
 from .chat_messages import flatten_message
 from .errors import BadRequest, NotFound, Unavailable
@@ -90,25 +90,25 @@ class TokenizeHandlers:
 
     async def tokenize(self, request: Request) -> Response:
         body: TokenizeRequest = await read_json(request, self._config.max_body_bytes, self._tokenize_decoder)
-        self._check_model(body.model)
+        role = self._check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("Give either prompt or messages.", param="prompt")
         if body.prompt is not None:
-            ids = await self._client.tokenize(body.model, body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await role.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             messages = [flatten_message(i, m) for i, m in enumerate(body.messages or [])]
             try:
-                ids = await self._client.render_chat(body.model, messages)
+                ids = await role.render_chat(messages)
             except Exception as err:  # chat templates raise on sequences they don't accept
                 raise BadRequest(f"The messages do not fit this model's chat template: {err}",
                                  param="messages") from None
-        return json_response(TokenizeResponse(len(ids), self._client.max_model_len(body.model), ids))
+        return json_response(TokenizeResponse(len(ids), role.max_model_len(), ids))
 
     async def detokenize(self, request: Request) -> Response:
         body: DetokenizeRequest = await read_json(request, self._config.max_body_bytes, self._detokenize_decoder)
-        self._check_model(body.model)
+        role = self._check_model(body.model)
         try:
-            text = await self._client.detokenize(body.model, body.tokens)
+            text = await role.detokenize(body.tokens)
         except ValueError as err:
             raise BadRequest(f"{err}.", param="tokens") from None
         return json_response(DetokenizeResponse(text))
@@ -116,11 +116,13 @@ class TokenizeHandlers:
     async def version(self, request: Request) -> Response:
         return json_response(self._version)
 
-    def _check_model(self, model: str) -> None:
+    def _check_model(self, model: str) -> RoleClient:
         if model == AGENT_MODEL:
             raise BadRequest(f"`{AGENT_MODEL}` (the research agent) runs several roles and has no tokenizer of its "
                              "own; name a role (e.g. planner) or an engine.", param="model")
         if not self._client.has_model(model):
             raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
-        if not self._client.is_ready():
+        role = self._client.find(model) if self._client.is_ready() else None
+        if role is None:
             raise Unavailable(self._client.not_ready_reason(), code="engine_not_ready")
+        return role

@@ -23,11 +23,12 @@ from mia_engine.agent.answer_match import contains_match, exact_match, is_match,
 from mia_engine.agent.llm import complete
 from mia_engine.agent.verdicts import GRADER_REGEX, Review
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
+from tests.fakes import RolesByName
 
 CONFIG = AgentConfig()
 
 
-class FakeClient:
+class FakeClient(RolesByName):
     """Answers each prompt by the first rule whose key occurs in it; records what it was asked."""
 
     def __init__(self, rules: dict[str, str]) -> None:
@@ -95,7 +96,7 @@ def test_unsupervised_verdict():
 async def test_complete_fits_max_tokens_and_returns_n_texts():
     client = FakeClient({"": "hello"})
     options = SamplingOptions(n=3, temperature=1.0, max_tokens=None)
-    texts = await complete(client, "planner", [{"role": "user", "content": "hi"}], options)
+    texts = await complete(client.role("planner"), [{"role": "user", "content": "hi"}], options)
     assert texts == ["hello"] * 3
     assert client.calls[0][2].max_tokens == 10_000 and client.calls[0][0] == "planner"
 

@@ -17,6 +17,7 @@ from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHi
 from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.corpus import Passage
 from mia_engine.tools.registry import Tools
+from tests.fakes import RolesByName
 
 Script = Callable[[str, str, SamplingOptions], str]
 
@@ -25,7 +26,7 @@ ANSWER = "<think>found</think>\n<answer>Seine</answer>"
 
 
 @dataclass
-class FakeClient:
+class FakeClient(RolesByName):
     """Answers each role from a script of (model, last user message, options) -> text.
 
     Stateless between calls: the fake chat template writes the last user message into the prompt ids

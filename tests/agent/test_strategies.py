@@ -22,6 +22,7 @@ from mia_engine.agent.workflows import ExtractiveWorkflow, ManagerSummary, Searc
 from mia_engine.config import load_config
 from mia_engine.config.tools import ToolsConfig
 from mia_engine.tools.registry import Tools
+from tests.fakes import RolesByName
 
 DEPARTURES = ("plan_form", "replay_min_similarity", "first_query", "first_image_search", "min_tool_calls",
               "force_final_answer", "answer_from", "workflow_summary", "supervised_judge")
@@ -63,7 +64,7 @@ def test_each_config_gets_its_strategies() -> None:
     assert type(extractive.workflow) is ExtractiveWorkflow  # a prose plan's rollout is written as its steps
 
 
-class SizedClient:
+class SizedClient(RolesByName):
     """What ``check`` asks an engine client: context lengths, a chat's length in tokens, image support."""
 
     def __init__(self, max_model_len: int, *, text_only: tuple[str, ...] = ()) -> None:

@@ -15,7 +15,8 @@ from transformers import AutoTokenizer
 
 from bench.stats import has_malloc_counters, malloc_bytes_in_use
 from mia_engine.config import SamplingDefaults, load_config
-from mia_engine.engines.roles import RoleServer, RoleTarget
+from mia_engine.engines.role_handle import RoleTarget
+from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.models.tiny import build_tiny
 
@@ -45,7 +46,7 @@ def _role_server(base: Path, threads: int) -> tuple[RoleServer, VLLMEngine]:
     engine = VLLMEngine("tiny", config.engines["tiny"], base)
     engine.tokenizer = AutoTokenizer.from_pretrained(base)
     server = RoleServer(config)
-    server._targets["tiny"] = RoleTarget(engine, None, SamplingDefaults(), "engine", {})
+    server.serve("tiny", RoleTarget(engine, None, SamplingDefaults(), "engine", {}))
     return server, engine
 
 
@@ -76,8 +77,8 @@ async def test_tokenizer_caches_are_bounded_by_the_engines_tokenizer_threads(tin
 
         async def count(i: int, text: str) -> int:  # keeps the count only: the ids would count as held
             if i % 2:
-                return len(await server.tokenize("tiny", text))
-            return len(await server.render_chat("tiny", [{"role": "user", "content": text}]))
+                return len(await server.role("tiny").tokenize(text))
+            return len(await server.role("tiny").render_chat([{"role": "user", "content": text}]))
 
         lengths = await asyncio.gather(*(count(i, text) for i, text in enumerate(texts)))
         held = malloc_bytes_in_use() - before
@@ -99,9 +100,9 @@ async def test_every_tokenizer_call_runs_on_the_engines_threads(tiny_base: Path)
 
     tokenizer.apply_chat_template = recording
     try:
-        await asyncio.gather(*(server.render_chat("tiny", [{"role": "user", "content": f"question {i}"}])
+        await asyncio.gather(*(server.role("tiny").render_chat([{"role": "user", "content": f"question {i}"}])
                                for i in range(32)),
-                             *(server.extend_chat("tiny", [1, 2], f"reply {i}") for i in range(32)))
+                             *(server.role("tiny").extend_chat([1, 2], f"reply {i}") for i in range(32)))
         assert seen and all(name.startswith("tokenizer-tiny") for name in seen), seen
         assert len(seen) <= THREADS, seen
     finally:
@@ -119,7 +120,7 @@ async def test_tokenizer_work_after_shutdown_is_refused_as_engine_unavailable(ti
     from mia_engine.engines.client import EngineUnavailable
 
     server, engine = _role_server(tiny_base, THREADS)
-    assert await server.tokenize("tiny", "Lima")
+    assert await server.role("tiny").tokenize("Lima")
     engine.shutdown()
     with pytest.raises(EngineUnavailable, match="engine tiny is shut down"):
-        await server.tokenize("tiny", "Quito")
+        await server.role("tiny").tokenize("Quito")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from mia_engine.engines.roles import turn_glue
+from mia_engine.engines.role_handle import turn_glue
 from mia_engine.models.tiny import build_tiny
 
 
@@ -47,7 +47,8 @@ THINKING_TEMPLATE = (
 
 async def test_each_role_renders_with_its_own_template_kwargs(tokenizer) -> None:
     from mia_engine.config import load_config
-    from mia_engine.engines.roles import RoleServer, RoleTarget
+    from mia_engine.engines.role_handle import RoleTarget
+    from mia_engine.engines.roles import RoleServer
     from mia_engine.engines.vllm_engine import VLLMEngine
 
     tokenizer.chat_template = THINKING_TEMPLATE
@@ -58,14 +59,14 @@ async def test_each_role_renders_with_its_own_template_kwargs(tokenizer) -> None
     engine.tokenizer = tokenizer
     for name, role in config.roles.items():  # the targets start() builds, over a tokenizer-only engine
         canonical = role.alias_of or name
-        server._targets[name] = RoleTarget(engine, None, role.sampling, "role",
-                                           dict(config.roles[canonical].chat_template_kwargs))
+        server.serve(name, RoleTarget(engine, None, role.sampling, "role",
+                                      dict(config.roles[canonical].chat_template_kwargs)))
     question = [{"role": "user", "content": "Is Lima the capital of Peru?"}]
     for quiet in ("manager", "judge", "router"):  # judge and router are aliases of the manager
-        text = tokenizer.decode(await server.render_chat(quiet, question))
+        text = tokenizer.decode(await server.role(quiet).render_chat(question))
         assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), quiet
-    planner = tokenizer.decode(await server.render_chat("planner", question))
+    planner = tokenizer.decode(await server.role("planner").render_chat(question))
     assert planner.endswith("<|im_start|>assistant\n")  # the Planner thinks
-    glue = tokenizer.decode(await server.extend_chat("manager", [], "and Quito?"))
+    glue = tokenizer.decode(await server.role("manager").extend_chat([], "and Quito?"))
     assert glue.endswith("<think>\n\n</think>\n\n")  # continued turns keep the role's kwargs
     engine.shutdown()

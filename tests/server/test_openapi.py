@@ -10,6 +10,7 @@ from mia_engine.config import ServerConfig
 from mia_engine.server.app import AppParts, build_app
 from mia_engine.server.learner_api import GRPORequest
 from mia_engine.server.openai_bodies import ChatCompletionRequest
+from tests.fakes import RolesByName
 
 ADMIN_KEY = "admin-key-of-this-test"
 CONFIG = ServerConfig(allowed_hosts=["testserver"], admin_api_key=ADMIN_KEY)
@@ -17,7 +18,7 @@ GROUP = {"messages": [{"role": "user", "content": "hi"}],
          "completions": [{"text": "a", "reward": 1.0}, {"text": "b", "reward": 0.0}]}
 
 
-class _Engine:
+class _Engine(RolesByName):
     def models(self) -> list:
         return []
 

@@ -16,6 +16,7 @@ from mia_engine.server.chat import ChatService
 from mia_engine.server.errors import BadRequest
 from mia_engine.server.metrics import Metrics
 from mia_engine.server.openai_bodies import ChatCompletionRequest
+from tests.fakes import RolesByName
 from tests.conftest import ServerHandle
 
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -150,7 +151,7 @@ def test_auto_streams_the_parsed_calls_whole_in_the_last_chunk(openai_client: Op
     assert last.finish_reason == "tool_calls"
 
 
-class _NoParser:
+class _NoParser(RolesByName):
     """An engine client whose engines have no tool-call parser (only what ``prepare`` asks before it refuses)."""
 
     def has_model(self, model: str) -> bool:
