@@ -215,9 +215,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     port = free_port()
     config = load_config(args.config, {"data_dir": str(tmp), "server.port": port, **dotted_overrides(args.set)})
     services = Services(config)
-    app = build_app(services.roles, config.server, start=services.start, stop=services.stop,
-                    components=[("memory_not_ready", services.memory), ("agent_not_ready", services.agent)],
-                    agent=services.agent, metrics=services.metrics)
+    app = build_app(services.app_parts(start=services.start))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     serving = asyncio.ensure_future(server.serve())
     rows: list[dict[str, float]] = []

@@ -1,6 +1,6 @@
 """The composition root: one object builds everything behind the HTTP app (the platform, the engines and
-their roles, the shared encoder, the memory store, the test-time learner, the research agent and its
-tools, the metrics and the admission bounds), starts it in order (``Services.start``), stops it together,
+their roles, the sentence encoders, the memory store, the research agent's tools, the test-time learner,
+the research agent, the metrics and the admission bounds), starts it in order (``Services.start``), stops it together,
 and hands the HTTP app all of it as one ``AppParts`` (``app_parts``).
 
 The server (``serve.py``) starts them after it listens; the batch commands (``batch.py``, ``evaluate.py``)
@@ -31,6 +31,12 @@ from .memory.handle import MemoryHandle
 from .server.admission import Admission
 from .server.app import AppParts
 from .server.metrics import Metrics
+from .tools.corpus import index_root
+from .tools.image import ImageSearch
+from .tools.image_index import load_image_index
+from .tools.registry import Tools
+from .tools.search import LocalSearch
+from .tools.web import WebSearch
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,8 @@ class Services:
                                        data_dir / "adapters" / planner, planner,
                                        on_update=self._after_update)
         self.encoders: list[Embedder] = []
+        """The memory's sentence encoder, and the tools' where theirs is another model."""
+        self._search: LocalSearch | None = None
         self._background: set[asyncio.Future] = set()
 
     async def start(self) -> None:
@@ -81,7 +89,7 @@ class Services:
             self.agent.fail(f"the sentence encoder failed to load: {type(err).__name__}")
         encoder = self.encoders[0] if self.encoders else None
         await self.memory.open(encoder)
-        tools = asyncio.ensure_future(self.agent.prepare(encoder)) if encoder is not None else None
+        tools = asyncio.ensure_future(self._prepare_tools(encoder)) if encoder is not None else None
         if not is_engines_first:
             await self.roles.start()
         if tools is not None:
@@ -95,6 +103,29 @@ class Services:
 
         freeze_gc_heap()  # as vllm serve does once up: full collections then skip the models' and libraries' objects
         maybe_attach_gc_debug_callback()  # VLLM_GC_DEBUG logs each collection here too, as in vLLM's engine core
+
+    async def _prepare_tools(self, encoder: Embedder) -> None:
+        """The research agent's tools, built while the engines start (the passage index build is most of a
+        first start); a failure is the agent's to report."""
+        try:
+            self.agent.prepared(await self._build_tools(encoder))
+        except Exception as err:
+            self.agent.tools_failed(err)
+
+    async def _build_tools(self, encoder: Embedder) -> Tools:
+        """Local search over the configured corpus (index built once, cached), web and image search."""
+        config, loop = self.config.tools, asyncio.get_running_loop()
+        if config.embedder != self.config.memory.embedder:
+            encoder = await loop.run_in_executor(None, Embedder, config.embedder)
+            self.encoders.append(encoder)
+        if config.search_backend == "local":
+            self._search = await loop.run_in_executor(None, LocalSearch.from_config, config, encoder,
+                                                      index_root(self.config), True, self.agent.index_progress)
+        web = WebSearch(config) if config.is_web_enabled else None
+        local_images = await loop.run_in_executor(None, load_image_index, self.config)
+        image = (ImageSearch(config.image_cache_dir, config.image_top_k, local_images)
+                 if config.image_cache_dir or local_images is not None else None)
+        return Tools(config, local=self._search, web=web, image=image)
 
     def app_parts(self, start: Callable[[], Awaitable[None]]) -> AppParts:
         """What the HTTP app serves; ``start`` brings these services up once the server listens."""
@@ -173,7 +204,8 @@ class Services:
         methods) would outlive the interpreter's teardown, which native bindings report as leaks."""
         self.learner.close()
         self.roles.shutdown()
-        self.agent.close()
+        if self._search is not None:
+            self._search.close()
         await self.memory.close()
         for encoder in self.encoders:
             encoder.close()

@@ -1,22 +1,17 @@
-"""Wiring of the research agent at server start: the shared encoder, the tools (the passage index is
-built on first use, with a progress bar in the log) and the ``ResearchAgent`` over the engines and
-memory. Until it is up, ``agent`` raises ``AgentUnavailable`` with the reason (the server answers 503)."""
+"""The research agent while the server starts: the composition root (``services.py``) builds its tools (the
+passage index is built on first use, with a progress bar in the log, its progress shown here) and then
+starts the ``ResearchAgent`` over the engines, the memory and those tools. Until it is up, ``agent``
+raises ``AgentUnavailable`` with the reason (the server answers 503)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..config import MIAConfig
-from ..memory.embedder import Embedder
 from ..base.readiness import StartupHandle
-from ..tools.corpus import BuildProgress, index_root
-from ..tools.image import ImageSearch
-from ..tools.image_index import load_image_index
+from ..config import MIAConfig
+from ..tools.corpus import BuildProgress
 from ..tools.registry import Tools
-from ..tools.search import LocalSearch
-from ..tools.web import WebSearch
 from .loop import OnLearn, ResearchAgent
 from .stages import StageObserver
 
@@ -39,48 +34,27 @@ class AgentHandle(StartupHandle[ResearchAgent]):
         self.stages = stages
         """Sees every research-loop stage start and finish (the server's metrics)."""
         self._tools: Tools | None = None
-        self._search: LocalSearch | None = None
         self.index_progress = BuildProgress()
         """The passage index build, while it runs (reported by /health and the 503 of ``mia``)."""
 
-    async def prepare(self, encoder: Any) -> None:
-        """Build the tools (local search loads its index, building it on first use); failures are kept.
+    def prepared(self, tools: Tools) -> None:
+        """The tools are built (``start`` uses them)."""
+        self._tools = tools
 
-        Runs concurrently with the engines' start: the index build is most of a first start."""
-        try:
-            self._tools = await self._build_tools(encoder)
-        except Exception as err:
-            # callers' 503 says the class only: the error's text may name server paths (the log has it)
-            self.fail(f"the research agent's tools failed to start ({type(err).__name__}; see the server log)")
-            log.exception("the research agent's tools failed to start")
-
-    async def _build_tools(self, encoder: Any) -> Tools:
-        """Local search over the configured corpus (index built once, cached), web and image search."""
-        tools = self.config.tools
-        loop = asyncio.get_running_loop()
-        if tools.embedder != self.config.memory.embedder:
-            encoder = await loop.run_in_executor(None, Embedder, tools.embedder)
-        if tools.search_backend == "local":
-            self._search = await loop.run_in_executor(None, LocalSearch.from_config, tools, encoder,
-                                                      index_root(self.config), True, self.index_progress)
-        web = WebSearch(tools) if tools.is_web_enabled else None
-        local_images = await loop.run_in_executor(None, load_image_index, self.config)
-        image = (ImageSearch(tools.image_cache_dir, tools.image_top_k, local_images)
-                 if tools.image_cache_dir or local_images is not None else None)
-        return Tools(tools, local=self._search, web=web, image=image)
+    def tools_failed(self, err: Exception) -> None:
+        """The tools could not be built: callers' 503 names the error's class only (its text may name server
+        paths; the log has it)."""
+        self.fail(f"the research agent's tools failed to start ({type(err).__name__}; see the server log)")
+        log.error("the research agent's tools failed to start", exc_info=err)
 
     async def start(self, client: Any, memory: MemoryService, on_learn: OnLearn | None = None) -> None:
-        """The agent over the prepared tools (``prepare`` first) and the open memory store."""
+        """The agent over the prepared tools (``prepared`` first) and the open memory store."""
         if self._tools is None:
             return
         agent = ResearchAgent(client, memory, self._tools, self.config.agent, on_learn, self.stages)
         self._started(agent)
         log.info("research agent ready (model `mia`; %s)",
                  ", ".join(f"{concern}: {choice}" for concern, choice in agent.strategies.describe().items()))
-
-    def close(self) -> None:
-        if self._search is not None:
-            self._search.close()
 
     def _starting_reason(self) -> str:
         if self._tools is None:
