@@ -183,10 +183,11 @@ def describe_meta(meta: dict[str, Any]) -> str:
     load = meta.get("loadavg") or {}
     start, end = (load.get("start") or [None])[0], (load.get("end") or [None])[0]
     cores = machine.get("cores") or 1
-    busy = [x for x in (start, end) if x is not None]
-    shared = " (**shared machine**: load above its cores)" if busy and max(busy) > cores else ""
+    # The load at the end counts the benchmark's own servers (vLLM's workers spin); the load at the start
+    # is what else ran on the machine.
+    shared = " (**shared machine**: load above its cores at the start)" if start is not None and start > cores else ""
     return (f"{what}; commit `{commit}`; {soft}; {(meta.get('started_utc') or '')[:10]}; "
-            f"load {num(start)} → {num(end)}{shared}")
+            f"load {num(start)} at the start, {num(end)} at the end{shared}")
 
 
 def command_of(doc: Any, fallback: str) -> str:
@@ -791,7 +792,7 @@ its `meta` block (`bench/results_io.py`). A file written before that convention 
 recorded" and the machine the hand-written page named for it.
 
 Ratios compare systems measured in the same run, alternated round by round: the machines are shared
-VMs (a load above the cores is flagged), so compare absolute figures only within one file. Models:
+VMs (a load above the cores at a run's start is flagged), so compare absolute figures only within one file. Models:
 *tiny* = `configs/tiny.toml` (random 2-layer Qwen3: nonsense text, real mechanics); *default* =
 `configs/default.toml` (SmolLM2-135M-Instruct). How the figures were reached, superseded runs and the
 investigations (soak, allocators, GPU sessions): `bench/history/` (`HISTORY.md`, and `RESULTS-2026-11.md`,

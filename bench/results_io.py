@@ -3,8 +3,8 @@
 * ``meta``: where the figures come from: ``commit`` (and ``dirty``: the working tree had changes),
   ``machine`` (CPU model, cores, memory, the GPU if any), ``versions`` (python, torch, vllm, triton,
   mia_engine, transformers, ...), ``command`` (the exact command line), ``started_utc`` / ``finished_utc``
-  and ``loadavg`` at start and end (the machine may be shared: a load above its cores is said beside
-  the figures);
+  and ``loadavg`` at start and end (the machine may be shared: a load above its cores at the start is
+  said beside the figures; the end's counts the benchmark's own processes);
 * ``runs``: every run (round, pass, repeat) the benchmark made, never only the best or the median. A
   run is a flat object: its string and boolean fields name the group it belongs to (``system``,
   ``learn``...), the integers ``round``, ``start``, ``repeat`` and ``*_index`` number it within the
