@@ -1,7 +1,7 @@
 """The composition root: one object builds everything behind the HTTP app (the platform, the engines and
 their roles, the sentence encoders, the memory store, the research agent's tools, the test-time learner,
-the research agent, the metrics and the admission bounds), starts it in order (``Services.start``), stops it together,
-and hands the HTTP app all of it as one ``AppParts`` (``app_parts``).
+the research agent, the metrics and the admission bounds), starts it in order (``Services.start``),
+stops it together, and hands the HTTP app all of it as one ``AppParts`` (``app_parts``).
 
 The server (``serve.py``) starts them after it listens; the batch commands (``batch.py``, ``evaluate.py``)
 run them in-process, with no HTTP, through ``with_services``.

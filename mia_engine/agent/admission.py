@@ -27,7 +27,8 @@ class QuestionRejected(ValueError):
 
 def check_images(client: EngineClient, roles: AgentRoles) -> None:
     """The captioner and the Executor both see a question's image: their engines must take images."""
-    blind = [role for role in dict.fromkeys((roles.captioner, roles.executor)) if not client.role(role).supports_images()]
+    seeing = dict.fromkeys((roles.captioner, roles.executor))
+    blind = [role for role in seeing if not client.role(role).supports_images()]
     if blind:
         raise QuestionRejected(
             f"Image questions need roles that take images; in this configuration "
