@@ -6,8 +6,9 @@ import asyncio.selector_events
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
     return ServerHandle(f"http://{connect}:{port}", api_key, proc, log_path, home, data, admin_key)
 
 
+HEALTH_POLL_S = 0.2
+
+
 def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None:
     """Poll /health until 200; keep the answers seen before (503 while the engines start)."""
     deadline = time.monotonic() + timeout_s
@@ -96,12 +100,12 @@ def wait_ready(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None
         try:
             response = httpx.get(f"{server.base_url}/health", timeout=5)
         except httpx.TransportError:
-            time.sleep(0.5)
+            time.sleep(HEALTH_POLL_S)
             continue
         if response.status_code == 200:
             return
         server.health_before_ready.append(response)
-        time.sleep(0.5)
+        time.sleep(HEALTH_POLL_S)
     raise TimeoutError(f"server not ready after {timeout_s} s:\n{server.log_tail()}")
 
 
@@ -120,15 +124,236 @@ TRIM_INTERVAL_S = 2
 """The shared server's ``server.malloc_trim_interval_s``."""
 
 
-def _serve_tiny(tmp: Path, *extra: str, own_group: bool = False) -> Iterator[ServerHandle]:
-    """A tiny-model server for the fixture's scope (``extra``: its command-line overrides;
-    ``own_group``: as for ``start_server``)."""
-    server = start_server(tmp, "tiny", *extra, own_group=own_group)
+# ---- the servers of fixtures: started two at a time, stopped in the background ------------------------------
+#
+# A server's start is ~20 s of one core importing (the server, then vLLM's engine core, then its worker, one
+# after the other), and its stop ~4 s of mostly waiting. So the first fixture server a test needs starts the
+# next one the run will need too (in the order of the collected tests), both at once on the two cores, and
+# a fixture server's stop runs in the background while the next tests run (all are waited for at the end of
+# the session). A server started early idles until its fixture hands it out; its tests see the same server.
+
+Launch = Callable[..., ServerHandle]
+"""Starts a fixture's server (``start_server``) in a fresh folder of the factory's, without waiting for it:
+``launch(tmp_path_factory, **needs)``, the values of the fixtures it needs by name."""
+
+
+@dataclass
+class _ServerFixture:
+    name: str
+    launch: Launch
+    scope: str
+    timeout_s: float
+    needs: tuple[str, ...]
+    """Fixtures the launch takes: one that needs any is started by its own fixture only, never ahead."""
+    alone: bool
+    """Started by its own fixture only, with no other (a server of many engines: two at once would hold the
+    memory of both)."""
+
+
+_SERVER_FIXTURES: dict[str, _ServerFixture] = {}
+"""By fixture name (several modules may define the same name; each definition is one entry of ``_RUN``)."""
+_RUN: list[tuple[_ServerFixture, str]] = []
+"""(fixture, instance key) of every fixture server the collected tests use, in the order they first do."""
+_STARTED: dict[str, tuple[ServerHandle | None, BaseException | None]] = {}
+"""Servers started ahead of their fixture, by instance key: (the server, or the error its start raised)."""
+_STOPPING: list[threading.Thread] = []
+
+
+def _instance_key(fixture: _ServerFixture, scope_node_id: str) -> str:
+    """``scope_node_id``: the node the fixture's value belongs to (the session's is "", a module's or a test's
+    is its node id)."""
+    return f"{fixture.name}@{scope_node_id}@{id(fixture)}"
+
+
+def server_fixture(name: str, launch: Launch, *, scope: str = "module", timeout_s: float = START_TIMEOUT_S,
+                   needs: tuple[str, ...] = (), alone: bool = False):
+    """A ``scope`` fixture ``name`` serving the server ``launch`` starts, ready, and stopped after its last test."""
+    fixture = _ServerFixture(name, launch, scope, timeout_s, needs, alone)
+
+    def serve(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+        key = _instance_key(fixture, request.node.nodeid)
+        server, error = _STARTED.pop(key, (None, None))
+        try:
+            if error is not None:
+                raise error
+            if server is None:
+                server = fixture.launch(tmp_path_factory, **{n: request.getfixturevalue(n) for n in fixture.needs})
+                partner = None if fixture.alone else _start_partner(key)
+                _wait_together(server, fixture.timeout_s, partner, tmp_path_factory)
+            else:
+                wait_ready(server, fixture.timeout_s)  # started ahead: ready already, unless it died since
+            yield server
+        finally:
+            if server is not None:
+                _stop_in_background(server)
+
+    serve._mia_server_fixture = fixture  # type: ignore[attr-defined]
+    _SERVER_FIXTURES[name] = fixture
+    return pytest.fixture(scope=scope, name=name)(serve)
+
+
+def _start_partner(key: str) -> tuple[str, _ServerFixture] | None:
+    """The next fixture server of the run that is not started yet and may be, if any (marked as started)."""
+    keys = [k for _, k in _RUN]
+    for fixture, other in _RUN[keys.index(key) + 1:] if key in keys else ():
+        if other not in _STARTED and not fixture.needs and not fixture.alone:
+            _STARTED[other] = (None, None)
+            return other, fixture
+    return None
+
+
+def _wait_together(server: ServerHandle, timeout_s: float, partner: tuple[str, _ServerFixture] | None,
+                   factory: pytest.TempPathFactory) -> None:
+    """``wait_ready`` on the server while its partner starts and gets ready too (each keeps its own 503
+    answers); the partner, or the error its start raised, is kept for its fixture. The partner of the
+    session's first tiny server starts once that one has built the shared passage index: two encoding it
+    at once would each take a core for it."""
+    leader_done = threading.Event()
+    index = TINY_INDEX_DIR if f"--tools.index_dir={TINY_INDEX_DIR}" in server.process.args else None
+
+    def start_partner(other: str, fixture: _ServerFixture) -> None:
+        while index is not None and not any(index.glob("*/meta.json")) and not leader_done.wait(HEALTH_POLL_S):
+            pass
+        partner_server = None
+        try:
+            partner_server = fixture.launch(factory)
+            wait_ready(partner_server, fixture.timeout_s)
+            _STARTED[other] = (partner_server, None)
+        except Exception as error:
+            _STARTED[other] = (partner_server, error)
+
+    thread = None
+    if partner is not None:
+        thread = threading.Thread(target=start_partner, args=partner, name=f"start {partner[0]}")
+        thread.start()
     try:
-        wait_ready(server)
-        yield server
+        wait_ready(server, timeout_s)
     finally:
-        stop_server(server)
+        leader_done.set()
+        if thread is not None:
+            thread.join()
+
+
+def _stop_in_background(server: ServerHandle) -> None:
+    thread = threading.Thread(target=stop_server, args=(server,), name=f"stop {server.base_url}")
+    thread.start()
+    _STOPPING.append(thread)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The fixture servers of the collected tests, in the order the tests will first use them."""
+    _RUN.clear()
+    seen = set()
+    for item in session.items:
+        module = item.getparent(pytest.Module)
+        for name in getattr(item, "fixturenames", ()):
+            definitions = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
+            command = getattr(definitions[-1].func, "_mia_command", None) if definitions else None
+            if command is not None:
+                command.wanted = True
+            fixture = getattr(definitions[-1].func, "_mia_server_fixture", None) if definitions else None
+            if fixture is None:
+                continue
+            node = {"session": "", "module": module.nodeid if module is not None else "", "function": item.nodeid}
+            key = _instance_key(fixture, node[fixture.scope])
+            if key not in seen:
+                seen.add(key)
+                _RUN.append((fixture, key))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the servers and commands started ahead whose tests never ran, and wait for every stop."""
+    for server, _ in list(_STARTED.values()):
+        if server is not None:
+            _stop_in_background(server)
+    _STARTED.clear()
+    for command in _COMMANDS.values():
+        command.stop()
+    for thread in _STOPPING:
+        thread.join()
+    _STOPPING.clear()
+
+
+# ---- commands started ahead -----------------------------------------------------------------------------
+#
+# A command-line test (``eval``, ``run``, ``ttl``) is a subprocess of a minute or more, mostly one core's work:
+# it may start with an earlier module's first test, beside that module's own (the machine's second core), and
+# its test then checks what it wrote. It runs as it would in its own test: same arguments, its own folders.
+
+
+@dataclass
+class CommandRun:
+    """A finished command: ``folder`` (its own, for its files) and its completed process (text output)."""
+
+    folder: Path
+    result: subprocess.CompletedProcess
+
+
+@dataclass
+class _Command:
+    name: str
+    make: Callable[[Path], tuple[list[str], dict[str, str]]]
+    start_with: str
+    timeout_s: float
+    wanted: bool = False
+    folder: Path | None = None
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+
+    def start(self, factory: pytest.TempPathFactory) -> None:
+        self.folder = factory.mktemp(self.name)
+        args, env = self.make(self.folder)
+        with open(self.folder / "stdout", "wb") as stdout, open(self.folder / "stderr", "wb") as stderr:
+            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env)
+        self.started = time.monotonic()
+
+    def wait(self) -> CommandRun:
+        assert self.folder is not None and self.process is not None
+        try:
+            self.process.wait(timeout=max(1.0, self.started + self.timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        result = subprocess.CompletedProcess(self.process.args, self.process.returncode,
+                                             (self.folder / "stdout").read_text(errors="replace"),
+                                             (self.folder / "stderr").read_text(errors="replace"))
+        return CommandRun(self.folder, result)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+_COMMANDS: dict[str, _Command] = {}
+
+
+def command_fixture(name: str, make: Callable[[Path], tuple[list[str], dict[str, str]]], *, start_with: str,
+                    timeout_s: float):
+    """A module fixture ``name``: the ``CommandRun`` of ``make(folder)`` (its arguments and environment), started
+    ahead with the first test of the module ``start_with`` (a node id) where that module runs first."""
+    command = _Command(name, make, start_with, timeout_s)
+    _COMMANDS[name] = command
+
+    def run(tmp_path_factory: pytest.TempPathFactory) -> CommandRun:
+        if command.process is None:
+            command.start(tmp_path_factory)
+        return command.wait()
+
+    run._mia_command = command  # type: ignore[attr-defined]
+    return pytest.fixture(scope="module", name=name)(run)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for command in _COMMANDS.values():
+        if command.wanted and command.process is None and item.nodeid.startswith(command.start_with + "::"):
+            command.start(item.config._tmp_path_factory)  # type: ignore[attr-defined]
+
+
+def launch_tiny(folder: str, *extra: str, **options) -> Launch:
+    """Launches a tiny-model server in a fresh folder ``folder`` with ``extra`` overrides (``options``: as for
+    ``start_server``)."""
+    return lambda factory: start_server(factory.mktemp(folder), "tiny", *extra, **options)
 
 
 def _openai(server: ServerHandle, timeout: float, api_key: str | None = None):
@@ -151,11 +376,10 @@ def wiki_passages() -> dict[str, str]:
     return {title: entry["extract"] for title, entry in wiki_entries().items()}
 
 
-@pytest.fixture(scope="session")
-def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """The shared server: tests may add requests and memories, never change adapters or weights. It trims
-    its heap every 2 s (60 by default), so every test that watches its event loop's lag runs beside trims."""
-    yield from _serve_tiny(tmp_path_factory.mktemp("tiny_server"), f"--server.malloc_trim_interval_s={TRIM_INTERVAL_S}")
+tiny_server = server_fixture(
+    "tiny_server", launch_tiny("tiny_server", f"--server.malloc_trim_interval_s={TRIM_INTERVAL_S}"), scope="session")
+"""The shared server: tests may add requests and memories, never change adapters or weights. It trims
+its heap every 2 s (60 by default), so every test that watches its event loop's lag runs beside trims."""
 
 
 @pytest.fixture(scope="session")
@@ -174,30 +398,20 @@ async def async_openai_client(tiny_server: ServerHandle):
     """One per test, closed when it ends. Never leave an async client to the garbage collector: openai's
     finaliser schedules ``aclose()`` on whatever loop runs then, while asyncio's transport finalisers have
     already closed the sockets; the late close then unregisters fd numbers that new connections got
-    meanwhile, and their answers are never read (bench/HISTORY.md, "6. Admission under load")."""
+    meanwhile, and their answers are never read (bench/history/HISTORY.md, "6. Admission under load")."""
     async with _async_openai(tiny_server) as client:
         yield client
 
 
-@pytest.fixture(scope="module")
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """A server of the module's own, for tests that publish adapters or learn (what they change
-    would otherwise reach every later test through the shared server)."""
-    yield from _serve_tiny(tmp_path_factory.mktemp("own_server"))
+own_server = server_fixture("own_server", launch_tiny("own_server"))
+"""A server of the module's own, for tests that publish adapters or learn (what they change
+would otherwise reach every later test through the shared server)."""
 
-
-@pytest.fixture(scope="session")
-def public_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """A keyed server bound to 0.0.0.0, as deployed, with small admission bounds (2 running and 8 queued per
-    key) so an overflow is cheap to provoke; for the Host and queue-bound tests."""
-    bounds = ("--server.admission.max_queued_per_key=8", "--server.admission.max_concurrent_research=2",
-              "--server.admission.max_concurrent_per_model=2")
-    server = start_server(tmp_path_factory.mktemp("public_server"), "tiny", *bounds, host="0.0.0.0")
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+public_server = server_fixture("public_server", launch_tiny(
+    "public_server", "--server.admission.max_queued_per_key=8", "--server.admission.max_concurrent_research=2",
+    "--server.admission.max_concurrent_per_model=2", host="0.0.0.0"), scope="session")
+"""A keyed server bound to 0.0.0.0, as deployed, with small admission bounds (2 running and 8 queued per
+key) so an overflow is cheap to provoke; for the Host and queue-bound tests."""
 
 
 @pytest.fixture(scope="module")
@@ -250,9 +464,6 @@ def _no_foreign_reader_removal(_foreign_reader_removals: list[str]) -> Iterator[
                     f"garbage collector?): {found[:3]}")
 
 
-SERVER_FIXTURES = ("tiny_server", "own_server")
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A failed test that used a server gets the server's log tail in its report: what the server saw
@@ -261,7 +472,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
-    for name in SERVER_FIXTURES:
+    for name in _SERVER_FIXTURES:
         if name not in getattr(item, "fixturenames", ()):  # fixturenames holds the indirect ones too
             continue
         server = item._request.getfixturevalue(name)  # type: ignore[attr-defined]  # still set up here

@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import fnmatch
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from mia_engine.agent.answer_match import normalize_answer
 from mia_engine.config import MIAConfig, load_config, resolve_role
-from tests.conftest import ServerHandle, _openai, start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, _openai, server_fixture, start_server
 from tests.server.test_image_inputs import data_url, encoded
 
 CONFIGS = Path(__file__).parents[1] / "configs"  # this checkout's
@@ -123,15 +122,9 @@ MAX_LEARNING_QUESTIONS = 12
 PUBLISH_TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="module")
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """The topology's server (named as conftest's ``own_server``, so a failure report carries its log)."""
-    server = start_server(tmp_path_factory.mktemp("topology"), CPU_CONFIG)
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+own_server = server_fixture("own_server", lambda factory: start_server(factory.mktemp("topology"), CPU_CONFIG),
+                            alone=True)
+"""The topology's server (named as conftest's ``own_server``, so a failure report carries its log)."""
 
 
 def _planner_versions(server: ServerHandle) -> list[dict]:

@@ -13,19 +13,27 @@ import pytest
 
 from mia_engine.evals.evaluate import select_questions
 from mia_engine.evals.results import BASELINES, MODES, TTL_MODES
+from tests.conftest import CommandRun, command_fixture
 
 DEVSET = Path(__file__).resolve().parent.parent / "bench" / "devset_wiki.jsonl"
 
 
+def _eval_every_mode(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    return ([sys.executable, "-m", "mia_engine", "eval", "--config", "tiny", "--data-dir", str(tmp_path / "data"),
+             "--dataset", str(DEVSET), "--split", "heldout", "--limit", "2", "--epochs", "1", "--concurrency", "2",
+             "--out", str(tmp_path / "results.json"), "--plot", str(tmp_path / "accuracy.png"), "--agent.max_turns=3"],
+            {**os.environ, "MIA_HOME": str(tmp_path / "home")})
+
+
+every_mode = command_fixture("every_mode", _eval_every_mode, start_with="tests/test_batch_cli.py",
+                             timeout_s=1800)  # ~1 min alone; far longer on shared cores
+"""The run, started with the batch commands' tests (each mostly one core's work, as this one)."""
+
+
 @pytest.mark.slow
-def test_eval_runs_every_mode_and_writes_json_and_png(tmp_path: Path) -> None:
+def test_eval_runs_every_mode_and_writes_json_and_png(every_mode: CommandRun) -> None:
+    tmp_path, result = every_mode.folder, every_mode.result
     out, png = tmp_path / "results.json", tmp_path / "accuracy.png"
-    env = {**os.environ, "MIA_HOME": str(tmp_path / "home")}
-    result = subprocess.run(
-        [sys.executable, "-m", "mia_engine", "eval", "--config", "tiny", "--data-dir", str(tmp_path / "data"),
-         "--dataset", str(DEVSET), "--split", "heldout", "--limit", "2", "--epochs", "1", "--concurrency", "2",
-         "--out", str(out), "--plot", str(png), "--agent.max_turns=3"],
-        capture_output=True, text=True, env=env, timeout=1800)  # ~2 min alone; far longer on shared cores
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(out.read_text())
     heldout = [json.loads(line)["id"] for line in DEVSET.read_text().splitlines()

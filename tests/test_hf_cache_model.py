@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mia_engine.models.embedded import embedded_root, model_dir
-from tests.conftest import ServerHandle, _openai, start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, _openai, server_fixture, start_server
 
 REPO_ID = "mia-test/tiny-qwen3"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -39,15 +38,14 @@ def test_an_id_resolves_from_the_cache_and_a_missing_one_says_how_to_get_it(tmp_
         model_dir("mia-test/absent", tmp_path / "home")
 
 
-@pytest.fixture(scope="module")
-def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+def _launch_hf_server(tmp_path_factory: pytest.TempPathFactory) -> ServerHandle:
     """The tiny config with its engine's model given as a Hugging Face id (the adapters as folders), and
-    a pass-through vLLM engine argument, served with the Hub offline."""
+    a vLLM engine argument in vLLM's spelling, served with the Hub offline."""
     tmp = tmp_path_factory.mktemp("hf_server")
     built = embedded_root("embedded:tiny", tmp / "build")
     hf_cache_with(tmp / "hub", REPO_ID, built / "base")
     toml = (Path(__file__).parents[1] / "configs" / "tiny.toml").read_text()
-    toml = toml.replace('model = "embedded:tiny"', f'model = "{REPO_ID}"\nvllm = {{ max_logprobs = 5 }}')
+    toml = toml.replace('model = "embedded:tiny"', f'model = "{REPO_ID}"\nmax_logprobs = 5')
     for role in ("planner", "executor"):
         toml = toml.replace(f'adapter = "embedded:{role}"', f'adapter = "{built / "adapters" / role}"')
     config = tmp / "hf.toml"
@@ -55,12 +53,10 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle
     with pytest.MonkeyPatch.context() as patch:  # the server inherits the environment at its start
         patch.setenv("HF_HUB_CACHE", str(tmp / "hub"))
         patch.setenv("HF_HUB_OFFLINE", "1")
-        server = start_server(tmp, str(config))
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+        return start_server(tmp, str(config))
+
+
+hf_server = server_fixture("hf_server", _launch_hf_server)
 
 
 def test_a_server_on_a_cached_hf_id_answers_the_openai_client(hf_server: ServerHandle) -> None:
@@ -72,8 +68,8 @@ def test_a_server_on_a_cached_hf_id_answers_the_openai_client(hf_server: ServerH
     assert f"starting engine tiny from {snapshot}" in hf_server.log_path.read_text()
 
 
-def test_the_pass_through_argument_reached_vllm(hf_server: ServerHandle) -> None:
-    """``max_logprobs = 5`` from the ``vllm`` table: vLLM refuses more logprobs than that."""
+def test_the_engine_argument_reached_vllm(hf_server: ServerHandle) -> None:
+    """``max_logprobs = 5`` in the engine table: vLLM refuses more logprobs than that."""
     import openai
 
     client = _openai(hf_server, 120)

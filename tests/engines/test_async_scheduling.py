@@ -7,19 +7,16 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import ServerHandle, _openai, _serve_tiny
+from tests.conftest import ServerHandle, _openai, launch_tiny, server_fixture
 
 REGEX = r"\[(yes|no)\] [a-z]{3,8}( [a-z]{2,6}){0,3}"
 
 
-@pytest.fixture(scope="module")
-def sync_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("sync_server"), "--engines.tiny.cpu.async_scheduling=false")
+sync_server = server_fixture("sync_server", launch_tiny("sync_server", "--engines.tiny.cpu.async_scheduling=false"))
 
 
 def _greedy(client: OpenAI, model: str, nonce: str, constrained: bool) -> str:

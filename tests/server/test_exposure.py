@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from tests.conftest import ServerHandle, _serve_tiny
+from tests.conftest import ServerHandle, launch_tiny, server_fixture
 
 SECRET_PATH = "/private-endpoint-5f1c/search"
 QUESTION = "Which river flows through Paris?"
@@ -78,12 +78,14 @@ def failing_search_url() -> Iterator[str]:
         http.server_close()
 
 
-@pytest.fixture(scope="module")
-def web_server(tmp_path_factory: pytest.TempPathFactory, failing_search_url: str) -> Iterator[ServerHandle]:
+def _launch_web_server(factory: pytest.TempPathFactory, failing_search_url: str) -> ServerHandle:
     """Web search against the failing endpoint; the first search is the question itself (pinned)."""
-    yield from _serve_tiny(tmp_path_factory.mktemp("web_server"), "--tools.search_backend=web",
-                           "--tools.serper_api_key=test-serper-key", f"--tools.serper_url={failing_search_url}",
-                           "--agent.first_query=question", "--agent.max_turns=2", "--agent.max_replans=0")
+    return launch_tiny("web_server", "--tools.search_backend=web", "--tools.serper_api_key=test-serper-key",
+                       f"--tools.serper_url={failing_search_url}", "--agent.first_query=question",
+                       "--agent.max_turns=2", "--agent.max_replans=0")(factory)
+
+
+web_server = server_fixture("web_server", _launch_web_server, needs=("failing_search_url",))
 
 
 def test_a_failing_tool_shows_its_error_class_not_the_url(web_server: ServerHandle, failing_search_url: str) -> None:

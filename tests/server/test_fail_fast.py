@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ServerHandle, start_server, wait_ready
+from tests.conftest import ServerHandle, launch_tiny, server_fixture, start_server
 from tests.processes import crash_group
 
 EXIT_WITHIN_S = 10.0
@@ -32,13 +32,17 @@ def _error_lines(server: ServerHandle) -> list[str]:
             if line.startswith("python -m mia_engine: error:")]
 
 
+quiet_server = server_fixture(
+    "quiet_server", launch_tiny("quiet_server", "--server.log_level=warning", own_group=True), scope="function")
+"""The server whose engine core is killed (its own process group: what is left of it is killed whole)."""
+
+
 @pytest.mark.slow
-def test_a_killed_engine_core_ends_the_server(tmp_path: Path) -> None:
+def test_a_killed_engine_core_ends_the_server(quiet_server: ServerHandle) -> None:
     """kill -9 of vLLM's engine core: the server exits 1 within seconds, naming the engine; at log level
     warning neither this process nor vLLM's (its own and its engine's) logs an INFO line."""
-    server = start_server(tmp_path, "tiny", "--server.log_level=warning", own_group=True)
+    server = quiet_server
     try:
-        wait_ready(server)
         _engine_core(server).kill()
         killed = time.monotonic()
         code = server.process.wait(timeout=60)

@@ -22,7 +22,7 @@ from mia_engine.server.body import decode_body
 from mia_engine.server.completion_bodies import CompletionRequest
 from mia_engine.server.errors import BadRequest
 from mia_engine.server.openai_bodies import ChatCompletionRequest
-from tests.conftest import ServerHandle, _serve_tiny
+from tests.conftest import ServerHandle, launch_tiny, server_fixture
 
 hypothesis_jsonschema = pytest.importorskip("hypothesis_jsonschema")
 
@@ -38,9 +38,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=12)
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("fuzz_server"), *SMALL_LIMITS)
+fuzz_server = server_fixture("fuzz_server", launch_tiny("fuzz_server", *SMALL_LIMITS))
 
 
 def _operations(document: dict) -> list[tuple[str, str, dict | None]]:

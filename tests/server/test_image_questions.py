@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.conftest import ServerHandle, _openai, start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, _openai, server_fixture, start_server
 from tests.server.test_image_inputs import data_url, encoded, png_header_only
 
 CONFIG = str(Path(__file__).parents[2] / "configs" / "tiny_vl.toml")  # this checkout's
@@ -20,8 +19,7 @@ DATA_ID = "img-q1"
 SIMILAR_TITLE = "Eiffel Tower at night"
 
 
-@pytest.fixture(scope="module")
-def vl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+def _launch_vl_server(tmp_path_factory: pytest.TempPathFactory) -> ServerHandle:
     tmp = tmp_path_factory.mktemp("vl_server")
     cache = tmp / "image_cache" / DATA_ID
     cache.mkdir(parents=True)
@@ -29,14 +27,12 @@ def vl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle
     (cache / "meta.json").write_text(json.dumps([{"path": "similar.png", "caption": SIMILAR_TITLE}]))
     (tmp / "images").mkdir()
     os.mkfifo(tmp / "images" / "pipe.png")
-    server = start_server(tmp, CONFIG, f"--tools.image_cache_dir={tmp / 'image_cache'}",
-                          "--agent.first_image_search=true", "--server.images.allow_remote=true",
-                          f"--server.images.file_root={tmp / 'images'}")
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+    return start_server(tmp, CONFIG, f"--tools.image_cache_dir={tmp / 'image_cache'}",
+                        "--agent.first_image_search=true", "--server.images.allow_remote=true",
+                        f"--server.images.file_root={tmp / 'images'}")
+
+
+vl_server = server_fixture("vl_server", _launch_vl_server)
 
 
 def _metric(server: ServerHandle, prefix: str) -> float:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from openai import OpenAI
 
-from tests.conftest import ServerHandle, _serve_tiny
+from tests.conftest import ServerHandle, launch_tiny, server_fixture
 from tests.processes import wait_group_exit
 
 JSON_KEYS = {"time", "level", "logger", "message"}
@@ -22,10 +20,8 @@ LONG_TOKENS = 3000
 """A completion that runs for several seconds on the tiny model (longer than the old fixed 5 s grace)."""
 
 
-@pytest.fixture(scope="module")
-def json_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    # its own process group: the SIGTERM test waits for all of it to exit
-    yield from _serve_tiny(tmp_path_factory.mktemp("json_server"), "--server.log_format=json", own_group=True)
+# its own process group: the SIGTERM test waits for all of it to exit
+json_server = server_fixture("json_server", launch_tiny("json_server", "--server.log_format=json", own_group=True))
 
 
 def _records(server: ServerHandle) -> list[dict]:

@@ -3,12 +3,10 @@ the server's whole process group. The oversized write must be refused (413), the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 
-from tests.conftest import start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, launch_tiny, server_fixture, start_server, stop_server, wait_ready
 from tests.processes import crash_group
 
 MAX_RECORD_BYTES = 64 * 1024
@@ -21,21 +19,21 @@ def _add(server, body: dict) -> httpx.Response:
                       headers={"Authorization": f"Bearer {server.admin_key}"})
 
 
+ARGS = (f"--memory.durability.max_record_bytes={MAX_RECORD_BYTES}",)
+durable_server = server_fixture("durable_server", launch_tiny("durable_server", *ARGS, own_group=True),
+                                scope="function")
+"""The server killed mid-run (its own process group: killed whole)."""
+
+
 @pytest.mark.slow
-def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
-    args = (f"--memory.durability.max_record_bytes={MAX_RECORD_BYTES}",)
-    server = start_server(tmp_path, "tiny", *args, own_group=True)
-    try:
-        wait_ready(server)
-        huge = _add(server, {**ADD, "trajectory": "x" * (2 * MAX_RECORD_BYTES)})  # under the body cap
-        assert huge.status_code == 413 and huge.json()["error"]["code"] == "record_too_large", huge.text
-        small = _add(server, ADD)
-        assert small.status_code == 200
-        crash_group(server.process)
-    finally:
-        if server.process.poll() is None:
-            stop_server(server)
-    restarted = start_server(tmp_path, "tiny", *args, data_dir=server.data_dir)
+def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(durable_server: ServerHandle) -> None:
+    server = durable_server
+    huge = _add(server, {**ADD, "trajectory": "x" * (2 * MAX_RECORD_BYTES)})  # under the body cap
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "record_too_large", huge.text
+    small = _add(server, ADD)
+    assert small.status_code == 200
+    crash_group(server.process)
+    restarted = start_server(server.home.parent, "tiny", *ARGS, data_dir=server.data_dir)
     try:
         wait_ready(restarted)
         got = httpx.get(f"{restarted.openai_url}/memory/{small.json()['id']}",

@@ -4,14 +4,12 @@ the damaged bytes are kept in a side file, and the log names their offset and si
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 
 from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME
 
-from tests.conftest import start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, launch_tiny, server_fixture, start_server, stop_server, wait_ready
 from tests.processes import crash_group
 
 NUM_ADDS = 30
@@ -26,23 +24,22 @@ def _add(server, i: int) -> str:
     return response.json()["id"]
 
 
+journal_server = server_fixture("journal_server", launch_tiny("journal_server", own_group=True), scope="function")
+"""The server killed mid-run (its own process group: killed whole)."""
+
+
 @pytest.mark.slow
-def test_a_flipped_byte_mid_journal_loses_only_its_record(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "tiny", own_group=True)
-    try:
-        wait_ready(server)
-        ids = [_add(server, i) for i in range(NUM_ADDS)]
-        crash_group(server.process)
-    finally:
-        if server.process.poll() is None:
-            stop_server(server)
+def test_a_flipped_byte_mid_journal_loses_only_its_record(journal_server: ServerHandle) -> None:
+    server = journal_server
+    ids = [_add(server, i) for i in range(NUM_ADDS)]
+    crash_group(server.process)
     [journal] = list(server.data_dir.rglob(JOURNAL_NAME))
     data = bytearray(journal.read_bytes())
     data[len(data) // 3] ^= 0x40
     journal.write_bytes(bytes(data))
 
-    (tmp_path / "again").mkdir()
-    restarted = start_server(tmp_path / "again", "tiny", data_dir=server.data_dir)
+    (server.home.parent / "again").mkdir()
+    restarted = start_server(server.home.parent / "again", "tiny", data_dir=server.data_dir)
     try:
         wait_ready(restarted)
         found = [httpx.get(f"{restarted.openai_url}/memory/{entry_id}", timeout=30,

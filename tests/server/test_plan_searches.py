@@ -8,15 +8,13 @@ server asks the closed-book candidate (``agent.answer_choice``) and judges witho
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from mia_engine.agent.plan_searches import parse_plan_searches, plan_searches_regex
 from mia_engine.config import load_config
-from tests.conftest import ServerHandle, _openai, _serve_tiny
+from tests.conftest import ServerHandle, _openai, launch_tiny, server_fixture
 
 OVERRIDES = ("--agent.plan_form=searches", "--agent.replay_min_similarity=0.95", "--agent.first_query=question",
              "--agent.answer_from=evidence", "--agent.max_replans=0", "--agent.answer_choice=closed_book",
@@ -27,9 +25,7 @@ STORED_PLAN = "Search: Seine (river) | Paris\nSearch: Île de la Cité\n"
 """A plan with regex metacharacters and a non-ASCII letter: the replay's literal regex must escape them."""
 
 
-@pytest.fixture(scope="module")
-def searches_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("searches_server"), *OVERRIDES)
+searches_server = server_fixture("searches_server", launch_tiny("searches_server", *OVERRIDES))
 
 
 def _ask(client: OpenAI, question: str, **extra: object) -> dict:

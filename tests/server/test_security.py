@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ from mia_engine import cli
 from mia_engine.base.keys import KeyFileError, admin_key, read_key_file
 from mia_engine.cli import parse_config
 from mia_engine.config import ConfigError
-from tests.conftest import ServerHandle, start_server, stop_server, wait_ready
+from tests.conftest import launch_tiny, server_fixture
 from tests.processes import refused_serve
 
 PROMPT = [{"role": "user", "content": "hello"}]
@@ -226,15 +225,8 @@ def test_which_hosts_each_bind_accepts() -> None:
         == {"mia.example"}
 
 
-@pytest.fixture(scope="module")
-def keyless_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """A loopback server started with no key at all, as a user starts one on a shared GPU box."""
-    server = start_server(tmp_path_factory.mktemp("keyless_server"), "tiny", api_key="", admin_key="")
-    try:
-        wait_ready(server)
-        yield server
-    finally:
-        stop_server(server)
+keyless_server = server_fixture("keyless_server", launch_tiny("keyless_server", api_key="", admin_key=""))
+"""A loopback server started with no key at all, as a user starts one on a shared GPU box."""
 
 
 def _admin_requests(url: str, headers: dict[str, str]) -> list[httpx.Response]:

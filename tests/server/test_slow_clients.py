@@ -9,7 +9,6 @@ import json
 import socket
 import statistics
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from mia_engine.config import AdmissionConfig
 from mia_engine.server.admission import CLIENTS_KEY, Admission, AdmissionMiddleware, client_key
 from mia_engine.server.deadlines import BodyTimeout, DeadlineMiddleware
-from tests.conftest import ServerHandle, _serve_tiny
+from tests.conftest import ServerHandle, launch_tiny, server_fixture
 
 BODY_TIMEOUT_S = 4.0
 SEND_TIMEOUT_S = 15.0  # well past QUEUE_WAIT_S and the stall: no queued stream reaches the engine while we time
@@ -35,15 +34,11 @@ can take twice that when the machine's 2 cores are busy elsewhere for a moment, 
 failed a run with the server as fast under attack as idle."""
 
 
-@pytest.fixture(scope="module")
-def deadline_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    yield from _serve_tiny(tmp_path_factory.mktemp("deadline_server"),
-                           f"--server.admission.body_timeout_s={BODY_TIMEOUT_S}",
-                           f"--server.admission.send_timeout_s={SEND_TIMEOUT_S}",
-                           f"--server.admission.max_queue_wait_s={QUEUE_WAIT_S}",
-                           f"--server.admission.max_concurrent_per_client={PER_CLIENT}",
-                           "--server.admission.bound_loopback_clients=true",
-                           f"--server.admission.send_buffer_bytes={SEND_BUFFER_BYTES}")
+deadline_server = server_fixture("deadline_server", launch_tiny(
+    "deadline_server", f"--server.admission.body_timeout_s={BODY_TIMEOUT_S}",
+    f"--server.admission.send_timeout_s={SEND_TIMEOUT_S}", f"--server.admission.max_queue_wait_s={QUEUE_WAIT_S}",
+    f"--server.admission.max_concurrent_per_client={PER_CLIENT}", "--server.admission.bound_loopback_clients=true",
+    f"--server.admission.send_buffer_bytes={SEND_BUFFER_BYTES}"))
 
 
 def _connect(server: ServerHandle, source: str) -> socket.socket:
