@@ -1,5 +1,9 @@
-"""Command line: ``python -m mia_engine serve [--config NAME|PATH] [--host] [--port] [--api-key]
-[--data-dir] [--dotted.field=VALUE ...]``, in the style of ``vllm serve``.
+"""Command line: ``python -m mia_engine serve [MODEL] [--config NAME|PATH] [--host] [--port] [--api-key]
+[--data-dir] [--<vLLM engine flag> ...] [--dotted.field=VALUE ...]``, in the style of ``vllm serve``.
+
+MODEL (a local folder or a Hugging Face id) is served in every role by one engine, as ``vllm serve MODEL``
+serves it; with ``--config`` it replaces the model of that config's Planner engine. vLLM's engine flags
+(``--tensor-parallel-size 2``, ``--max-model-len 16k``, ...) set their field on every engine.
 
 Any config field can be overridden with its dotted path, e.g. ``--engines.smollm2.max_model_len=8192``
 or ``--roles.planner.sampling.temperature 0.7``; values are read as TOML (``8``, ``true``, ``[0, 1]``)
@@ -10,6 +14,7 @@ prints the effective config with each field's documentation.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -18,11 +23,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 
 from . import __version__
 from .base import logs
 from .base.config_docs import plain, render_markdown, render_toml
-from .config import ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value
+from .config import (ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value,
+                     resolve_role)
+from .config.flags import EVERY_ENGINE, add_engine_flags, engine_flag_overrides
+from .config.served_model import ModelFacts
+from .config.vllm_args import ENGINE_ARGS
 from .devices import resolved_devices
 from .preflight import (ADMIN_API_KEY_ENV, API_KEY_ENV, PROG, bound_onednn_caches, dry_run, preflight,
                         with_admin_key)
@@ -44,10 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     sub = _Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     serve = sub.add_parser("serve", help="serve the roles (and the agent) on an OpenAI-compatible endpoint",
                            description="\n\n".join(textwrap.fill(plain(part), 100, break_on_hyphens=False) for part in __doc__.split("\n\n")),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           usage="%(prog)s [MODEL] [--config NAME|PATH] [options] [--<vLLM engine flag> ...] "
+                                 "[--dotted.field=VALUE ...]")
     serve.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    serve.add_argument("--config", default="default",
-                       help="a bundled config name (default, tiny, 8xgpu) or a TOML file (default: %(default)s)")
+    serve.add_argument("--model", help="MODEL, as a word of its own or with this flag: serve this model (a local "
+                       "folder or a Hugging Face id) in every role, as `vllm serve MODEL`; with --config, it replaces "
+                       "the model of that config's Planner engine")
+    serve.add_argument("--config", default=None,
+                       help="a bundled config name (default, tiny, 8xgpu) or a TOML file (default: default, or "
+                            "with MODEL the one-model config)")
     serve.add_argument("--host", help="interface to bind (server.host)")
     serve.add_argument("--port", type=int, help="TCP port (server.port)")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 (server.api_key); shows in "
@@ -63,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dry-run", action="store_true",
                        help="print the placement and each GPU's memory budget from the models' config.json "
                             "files, refuse an impossible config, and exit (no GPU, no weights needed)")
+    serve.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
+                       help="extra LoRA adapters served by name on the base model's engine, as vllm serve's "
+                            "(name=path, or its JSON form with base_model_name)")
+    add_engine_flags(serve, {flag for action in serve._actions for flag in action.option_strings})
     for name, help_text in (("run", "answer a dataset (evaluation), resumable, with accuracy at the end"),
                             ("ttl", "test-time learning over a dataset: GRPO updates of the Planner as it goes")):
         cmd = sub.add_parser(name, help=help_text)
@@ -164,6 +184,68 @@ def _common(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--data-dir", help="folder for durable state (data_dir)")
 
 
+SERVED_NAMES = f"{EVERY_ENGINE}.served_model_name"
+"""``--served-model-name``'s override: with MODEL, it names MODEL's engine only."""
+
+
+def _model_arg(args: argparse.Namespace) -> str | None:
+    """MODEL, given as the positional argument or as ``--model`` (not two different ones)."""
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ConfigError(f"--model: {args.model!r} differs from MODEL {args.model_tag!r}; give one")
+    return args.model_tag or args.model
+
+
+def model_facts(model: str, args: argparse.Namespace, overrides: Mapping[str, Any]) -> ModelFacts:
+    """What the config takes from MODEL's ``config.json`` (fetched alone from the Hub for an id that is not
+    in the Hugging Face cache, unless ``HF_HUB_OFFLINE=1``); whether its engine runs on a GPU: this
+    machine has one, or a dry run plans ``--gpus.num_gpus``."""
+    from .deploy.shapes import decoder_shape, read_config
+    from .devices import machine_has_gpu
+    from .models.cache import default_home
+    from .models.embedded import model_dir
+
+    home = Path(str(overrides.get("models.home") or default_home())).expanduser()
+    try:
+        raw = read_config(model_dir(model, home, download="config"))
+        shape = decoder_shape(raw)
+    except (FileNotFoundError, KeyError, ValueError, OSError) as err:
+        raise ConfigError(f"MODEL: {str(err).strip(chr(34))}") from None
+    text = raw.get("text_config", raw)
+    on_gpu = bool(overrides.get("gpus.num_gpus")) if args.dry_run else machine_has_gpu()
+    return ModelFacts(model, shape.num_params, int(text.get("max_position_embeddings") or 0), on_gpu)
+
+
+def with_gpu_share(config: MIAConfig, overrides: Mapping[str, Any], *, is_dry_run: bool) -> MIAConfig:
+    """MODEL's engine on a GPU with ``gpu_memory_utilization`` = vLLM's default less what the serving
+    process keeps on that GPU (``deploy/budget.py: engine_share``), unless the command line set it."""
+    from .deploy.budget import GIB, engine_share
+    from .models.cache import default_home
+    from .models.embedded import model_dir
+
+    if any(key.endswith(".gpu_memory_utilization") for key in overrides):
+        return config
+    name = resolve_role(config, config.agent.roles.planner)[1].engine
+    engine = config.engines[name]
+    if is_dry_run:
+        capacity = int(config.gpus.memory_gib * GIB)
+    else:  # the budget and the start-up plan count this machine's GPUs
+        import torch
+
+        capacity = torch.cuda.mem_get_info((engine.devices or [0])[0])[1]
+        gpus = msgspec.structs.replace(config.gpus, memory_gib=capacity / GIB, num_gpus=torch.cuda.device_count())
+        config = msgspec.structs.replace(config, gpus=gpus)
+    home = Path(config.models.home).expanduser() if config.models.home else default_home()
+    share = engine_share(config, name, lambda spec: model_dir(spec, home, download="config"), capacity,
+                         ENGINE_ARGS["gpu_memory_utilization"]["default"])
+    if share <= 0:
+        raise ConfigError(f"engines.{name}.gpu_memory_utilization: the serving process alone takes this GPU; move "
+                          "the learner or the encoders (learner.device, memory.embedder.device) to another one")
+    logging.getLogger(PROG).info("engines.%s.gpu_memory_utilization = %.2f: vLLM's default less the serving "
+                                 "process's own share of the GPU", name, share)
+    engines = {**config.engines, name: msgspec.structs.replace(engine, gpu_memory_utilization=share)}
+    return msgspec.structs.replace(config, engines=engines)
+
+
 def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     """``--a.b=1`` / ``--a.b 1`` pairs from the arguments argparse did not know; a root field of the
     config (``--cpu.onednn_cache_capacity=64``) needs no dot."""
@@ -173,7 +255,7 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
         flag = rest[i]
         key, eq, value = flag[2:].partition("=")
         if not flag.startswith("--") or ("." not in key and key.replace("-", "_") not in MIAConfig.__struct_fields__):
-            raise ConfigError(f"unrecognized argument: {flag}")
+            raise ConfigError(f"unrecognized argument: {flag}{_closest_flag(flag)}")
         if not eq:
             if i + 1 >= len(rest):
                 raise ConfigError(f"{flag}: expected a value")
@@ -186,11 +268,51 @@ def dotted_overrides(rest: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def _model_position(argv: list[str]) -> int | None:
+    """Where ``serve``'s MODEL is in ``argv``: the first word that is neither a flag nor a flag's value (a
+    flag without ``=`` that takes a value takes the next word, as ``--engines.x.max_model_len 8192`` does;
+    one of several values takes the words up to the next flag)."""
+    if argv[:1] != ["serve"]:
+        return None
+    takes = {option: action.nargs for action in _serve_parser()._actions for option in action.option_strings}
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-"):
+            return i
+        nargs = takes.get(word, 1)  # an unknown flag: a dotted override and its value
+        if nargs == 0 or "=" in word:
+            i += 1
+        elif nargs == "+":
+            i += 1
+            while i < len(argv) and not argv[i].startswith("-"):
+                i += 1
+        else:
+            i += 2
+    return None
+
+
+def _closest_flag(flag: str) -> str:
+    """`` (did you mean --x?)`` with the closest flag of ``serve`` (vLLM's engine flags included), if any."""
+    name = flag.partition("=")[0]
+    known = [option for action in _serve_parser()._actions for option in action.option_strings]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, dict[str, Any]]:
     """The command's arguments and the config overrides the user gave: flags, then dotted overrides; keys
     may also come from ``$MIA_API_KEY`` / ``$MIA_ADMIN_API_KEY`` (a flag or override wins over the environment)."""
     environ = os.environ if environ is None else environ
-    args, rest = _parser().parse_known_args(argv)
+    at = _model_position(argv)
+    args, rest = _parser().parse_known_args(argv if at is None else argv[:at] + argv[at + 1:])
+    args.model_tag = None if at is None else argv[at]
     overrides: dict[str, Any] = {}
     if args.command == "serve":
         for name, key, file_flag in ((API_KEY_ENV, "server.api_key", "api_key_file"),
@@ -199,7 +321,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> tup
                 overrides[key] = environ[name]
     dotted = dotted_overrides(rest)
     args.keys_on_command_line = [f"--{key}" for key in KEY_FLAGS if key in dotted]
+    overrides.update(engine_flag_overrides(args))
     overrides.update(dotted)
+    if args.command == "serve":
+        args.model = _model_arg(args)
+        args.served_names = overrides.pop(SERVED_NAMES, None) if args.model else None
     for flag, key in (("host", "server.host"), ("port", "server.port"), ("api_key", "server.api_key"),
                       ("api_key_file", "server.api_key_file"), ("admin_api_key_file", "server.admin_api_key_file"),
                       ("data_dir", "data_dir"), ("corpus", "tools.corpus"), ("log_level", "server.log_level"),
@@ -218,12 +344,23 @@ def parse_config(argv: list[str], environ: Mapping[str, str] | None = None) -> t
 def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
     """The config; for a command that starts the services, with every component device explicit
     (``devices.resolved_devices``: ``cuda``/``auto`` become the GPU the budget counts)."""
-    config = load_config(args.config, overrides)
+    model = getattr(args, "model", None)
+    facts = model_facts(model, args, overrides) if model else None
+    served_names = getattr(args, "served_names", None)
+    config = load_config(args.config, overrides, model=facts, served_names=served_names)
+    if getattr(args, "lora_modules", None):
+        from .config.lora_modules import default_lora_engine, lora_module_overrides
+
+        engines = {name: engine.model_ids(name) for name, engine in config.engines.items()}
+        overrides = {**overrides, **lora_module_overrides(args.lora_modules, engines, default_lora_engine(config))}
+        config = load_config(args.config, overrides, model=facts, served_names=served_names)
+    if facts is not None and facts.on_gpu:
+        config = with_gpu_share(config, overrides, is_dry_run=args.dry_run)
     if getattr(args, "dry_run", False):
         return config
     if args.command == "serve":
         check_bind(config.server)
-        check_keys(config.server)
+        args.key_warnings = check_keys(config.server)
     return resolved_devices(config) if args.command in ("serve", "run", "ttl", "eval") else config
 
 
@@ -315,6 +452,8 @@ def _warn_about_exposure(args: argparse.Namespace, config: MIAConfig) -> None:
     for flag in getattr(args, "keys_on_command_line", ()):
         env, file_flag = KEY_FLAGS[flag[2:]]
         log.warning("%s is visible to every user of this machine (ps); use $%s or %s", flag, env, file_flag)
+    for line in getattr(args, "key_warnings", ()):
+        log.warning("%s", line)
     server = config.server
     if server.allow_unauthenticated_bind and not server.api_key and not server.is_loopback():
         log.warning("SERVING %s WITHOUT AN API KEY (server.allow_unauthenticated_bind): anyone who can reach "

@@ -68,8 +68,13 @@ def preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
               "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')", file=sys.stderr)
         return 2
-    if deployment_check(config, is_dry_run=False) is None:
+    checked = deployment_check(config, is_dry_run=False)
+    if checked is None:
         return 2
+    if checked[0] is not None:  # a config with GPUs: where each role, the memory, the encoder and the learner run
+        from .deploy.report import render
+
+        logging.getLogger(PROG).info("%s", render(config, *checked, title="MIA Engine start-up plan"))
     try:  # last: it creates the data dir, which a refused config must not leave behind
         private_dir(config.resolved_data_dir(), "data_dir")
     except UnsafeFolder as err:

@@ -21,6 +21,7 @@ from .agent.handle import AgentHandle
 from .agent.records import Rollout
 from .base.files import UnsafeFolder, private_dir
 from .config import MIAConfig, resolve_role
+from .engines.lora_models import RuntimeLoRAs
 from .engines.platforms import resolve_platform
 from .engines.roles import RoleServer
 from .engines.startup import cuda_components
@@ -55,6 +56,7 @@ class Services:
         self.platform = resolve_platform(config.cpu)
         self.roles = RoleServer(config, self.platform)
         self.roles.usage = self.metrics
+        self.loras = RuntimeLoRAs(self.roles)
         self.metrics.watch_engines(self.roles.engines)
         data_dir = private_dir(config.resolved_data_dir(), "data_dir")  # UnsafeFolder: another user's
         self.memory = MemoryHandle(data_dir / "memory", config.memory)
@@ -133,8 +135,8 @@ class Services:
             client=self.roles, config=self.config.server, admission=self.admission, metrics=self.metrics,
             readiness=[("memory_not_ready", self.memory), ("agent_not_ready", self.agent)], agent=self.agent,
             encoder=lambda: self.encoders[0] if self.encoders else None, learner=self.learner,
-            adapters=self.roles.adapters, adapter_dirs=adapter_load_dirs(self.config), memory=self.memory,
-            start=start, stop=self.stop)
+            adapters=self.roles.adapters, adapter_dirs=adapter_load_dirs(self.config), loras=self.loras,
+            planner=self.config.agent.roles.planner, memory=self.memory, start=start, stop=self.stop)
 
     def start_failure(self) -> str | None:
         """After ``start``: the first component that did not start and why, in one line (None: all up)."""
@@ -213,8 +215,8 @@ class Services:
 
 
 def adapter_load_dirs(config: MIAConfig) -> list[Path]:
-    """The folders ``POST /v1/adapters/{role}`` may load from: the data dir's adapters folder (the
-    learner's checkpoints and versions), ``learner.publish_dir`` and ``server.adapter_dirs``. Not
+    """The folders ``POST /v1/adapters/{role}`` and ``/v1/load_lora_adapter`` may load from: the data dir's
+    adapters folder (the learner's checkpoints and versions), ``learner.publish_dir`` and ``server.adapter_dirs``. Not
     ``learner.shared_dirs``: those are shared mounts, named for the cluster's reach, not for trust."""
     learner_dir = [config.learner.publish_dir] if config.learner.publish_dir else []
     return [config.resolved_data_dir() / "adapters",

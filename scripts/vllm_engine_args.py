@@ -118,8 +118,10 @@ def collect() -> dict[str, Any]:
         default = default_of(field, kind)
         if default is None and not kind.endswith("?"):
             kind += "?"
-        fields[field.name] = {"flag": action.option_strings[0], "type": kind, "choices": choices,
-                              "default": default, "help": first_paragraph(action.help)}
+        long_flags = [o for o in action.option_strings if o.startswith("--")]
+        fields[field.name] = {"flag": long_flags[0], "aliases": [o for o in action.option_strings if o != long_flags[0]],
+                              "type": kind, "choices": choices, "default": default,
+                              "help": first_paragraph(action.help)}
     return {"vllm_version": __version__, "fields": fields}
 
 

@@ -60,7 +60,7 @@ class ServerHandle:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
-def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, admin_key: str = ADMIN_KEY,
+def start_server(tmp: Path, config: str | None, *extra: str, api_key: str = API_KEY, admin_key: str = ADMIN_KEY,
                  data_dir: Path | None = None, host: str = "127.0.0.1", own_group: bool = False) -> ServerHandle:
     """Launch ``python -m mia_engine serve`` exactly as a user would, on a loopback address and a free port
     (the admin key through its environment variable, as an operator would keep it out of ``ps``).
@@ -75,7 +75,7 @@ def start_server(tmp: Path, config: str, *extra: str, api_key: str = API_KEY, ad
     env.update({"MIA_HOME": str(home), "PYTHONUNBUFFERED": "1"})
     if admin_key:
         env["MIA_ADMIN_API_KEY"] = admin_key
-    cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--host", host,
+    cmd = [sys.executable, "-m", "mia_engine", "serve", *(["--config", config] if config else []), "--host", host,
            "--port", str(port), "--data-dir", str(data), *extra]
     if api_key:
         cmd += ["--api-key", api_key]

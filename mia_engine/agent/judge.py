@@ -3,7 +3,7 @@
 The loop (or ``judge_supervised`` with an ``LLMGrader``, and ``judge_unsupervised``, below) does::
 
     messages, options = build_grader(question, gold, prediction, config)
-    text, = await complete(client.role(config.roles.judge), messages, options)
+    text, = await complete(client.role(config.roles.judge), messages, options, keep_thinking=False)
     verdict = parse_grader(text)
 
 Supervised: a SimpleQA-style grader with the gold target (A correct / B incorrect / C not
@@ -88,7 +88,7 @@ class LLMGrader:
 
     async def grade(self, client: EngineClient, question: str, gold_answers: Sequence[str], prediction: str) -> Verdict:
         messages, options = build_grader(question, gold_answers, prediction, self.config)
-        (text,) = await complete(client.role(self.config.roles.judge), messages, options)
+        (text,) = await complete(client.role(self.config.roles.judge), messages, options, keep_thinking=False)
         return parse_grader(text)
 
 
@@ -150,10 +150,10 @@ async def judge_unsupervised(client: EngineClient, config: AgentConfig, question
         return not_attempted("unsupervised")
     requests = [build_review(kind, question, trajectory, prediction, config) for kind in REVIEWERS]
     judge = client.role(config.roles.judge)
-    texts = await asyncio.gather(*(complete(judge, m, o) for m, o in requests))
+    texts = await asyncio.gather(*(complete(judge, m, o, keep_thinking=False) for m, o in requests))
     reviews = [parse_review(kind, text[0]) for kind, text in zip(REVIEWERS, texts)]
     messages, options = build_area_chair(question, trajectory, prediction, reviews, config)
-    (text,) = await complete(judge, messages, options)
+    (text,) = await complete(judge, messages, options, keep_thinking=False)
     return unsupervised_verdict(reviews, text)
 
 

@@ -22,13 +22,25 @@ class Completion(msgspec.Struct, frozen=True):
 
     text: str
     token_ids: list[int]
+    content: str | None = None
+    """The text after its thinking, as the engine's reasoning parser reads it (``engines.<name>.reasoning_parser``,
+    the chat API's ``message.content``); None on an engine without one, or for a constrained call."""
+
+    @property
+    def after_thinking(self) -> str:
+        """What the loop reads of it: the reasoning parser's content where the engine has one, else the whole
+        text (whose ``<think>`` blocks ``model_text.strip_think`` takes off where it is read)."""
+        return self.text if self.content is None else self.content
 
 
 def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | None = None,
                      regex: str | None = None, json_schema: dict | None = None,
                      temperature: float | None = None, affinity_key: str | None = None) -> SamplingOptions:
     """A role's configured sampling as per-request options (``temperature`` overrides the config;
-    ``affinity_key`` sends every call with the same key to the same data-parallel replica)."""
+    ``affinity_key`` sends every call with the same key to the same data-parallel replica). On an engine with
+    a reasoning parser, a constraint applies from the first token (the loop's regexes spell out any think
+    block they allow, as on an engine without one), and free text comes with its thinking split off
+    (``Completion.content``)."""
     return SamplingOptions(
         n=n,
         temperature=sampling.temperature if temperature is None else temperature,
@@ -38,6 +50,8 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
         regex=regex,
         json_schema=json_schema,
         affinity_key=affinity_key,
+        reasoning_ended=True,
+        split_thinking=regex is None and json_schema is None,
     )
 
 
@@ -52,12 +66,15 @@ def with_room_for(options: SamplingOptions, num_chars: int) -> SamplingOptions:
 
 async def complete(
     role: RoleClient, messages: list[dict[str, Any]], options: SamplingOptions,
-    request_id: str | None = None, images: Sequence[Any] = (),
+    request_id: str | None = None, images: Sequence[Any] = (), *, keep_thinking: bool = True,
 ) -> list[str]:
     """Render the chat, fit ``max_tokens`` to the context left, generate, and return the n texts.
-    ``images``: the decoded images whose ``{"type": "image"}`` parts the messages hold, in order."""
+    ``images``: the decoded images whose ``{"type": "image"}`` parts the messages hold, in order.
+    ``keep_thinking=False``: each text after its thinking where the engine's reasoning parser split it off
+    (``Completion.after_thinking``)."""
     prompt_ids = await role.render_chat(messages)
-    return [c.text for c in await complete_ids(role, prompt_ids, options, request_id, images)]
+    completions = await complete_ids(role, prompt_ids, options, request_id, images)
+    return [c.text if keep_thinking else c.after_thinking for c in completions]
 
 
 async def complete_ids(
@@ -76,5 +93,5 @@ async def complete_ids(
         async for deltas in outputs:
             for delta in deltas:
                 if 0 <= delta.index < len(completions):  # non-streaming: each delta is a whole completion
-                    completions[delta.index] = Completion(delta.text, list(delta.token_ids))
+                    completions[delta.index] = Completion(delta.text, list(delta.token_ids), delta.content)
     return completions

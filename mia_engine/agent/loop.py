@@ -125,7 +125,7 @@ class ResearchAgent:
             caption = await self._caption(q)
             memories, used_ids, replay = await self._retrieve(q, caption)
             plan_prompt, completions = await self._plan(q, memories, caption, replay)
-            plans = [strip_think(c.text) if c is not None else "" for c in completions]
+            plans = [strip_think(c.after_thinking) if c is not None else "" for c in completions]
             q.emit("plans", {"num_plans": len(plans)})
             chosen = await self._route(q, plans)
             rollouts = await self._execute(q, plan_prompt, completions, plans)
@@ -157,7 +157,7 @@ class ResearchAgent:
             completion = await ask_closed_book(self.client, self.config, q.request.question, affinity_key=q.affinity)
         if completion is None:
             return None
-        return strip_think(completion.text).strip() or None
+        return strip_think(completion.after_thinking).strip() or None
 
     async def _caption(self, q: _Question) -> str | None:
         """An image question's caption by the captioner (the Manager): it keys retrieval, goes into the
@@ -168,7 +168,8 @@ class ResearchAgent:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
         with q.clock("caption"):
             (caption,) = await complete(self.client.role(self.config.roles.captioner), messages,
-                                        sampling_options(self.config.sampling.caption), images=[q.request.image])
+                                        sampling_options(self.config.sampling.caption), images=[q.request.image],
+                                        keep_thinking=False)
             caption = truncate_words(strip_think(caption).strip(), self.config.caption_max_words)
         q.emit("caption", {"caption": caption})
         return caption
@@ -283,7 +284,7 @@ class ResearchAgent:
         options = sampling_options(self.config.sampling.router, json_schema=schema)
         try:
             (choice,) = await complete(self.client.role(self.config.roles.router),
-                                       [{"role": "user", "content": text}], options)
+                                       [{"role": "user", "content": text}], options, keep_thinking=False)
         except ValueError:  # a prompt too long for the router: fall back to the first plan
             return 0
         return parse_plan_choice(choice, len(plans))

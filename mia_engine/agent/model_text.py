@@ -1,6 +1,10 @@
 """Reading a reasoning model's text: the visible part after its think block, and the first JSON object
 in the prose around it.
 
+On an engine with a reasoning parser (``engines.<name>.reasoning_parser``) the loop reads each free-text
+completion after the thinking as that parser splits it off, the chat API's way (``llm.Completion.after_thinking``);
+``strip_think`` then finds no think block in it. Without one (the small models), ``strip_think`` alone decides.
+
 Model output is untrusted text: every parser of it (here and in ``turns``, ``verdicts`` and
 ``plan_decisions``) returns a value (a default when the text is garbage) and never raises, so one
 malformed generation cannot take down a batch of rollouts.

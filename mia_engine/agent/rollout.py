@@ -162,7 +162,7 @@ class RolloutRunner:
         try:
             with self.stages("evidence_answer"):
                 (answer,) = await complete(self.client.role(self.config.roles.executor), messages, options,
-                                           images=run.images)
+                                           images=run.images, keep_thinking=False)
         except ValueError as err:
             run.emit("executor_stopped", {"detail": str(err)})
             return own
@@ -262,8 +262,9 @@ class RolloutRunner:
 
     async def _planner_turn(self, planner: PlannerTranscript, user_text: str, options: SamplingOptions, *,
                             is_sampled: bool = True) -> str | None:
-        """One more Planner turn after ``user_text``; None when the context is full or the engine refuses.
-        ``is_sampled``: its tokens are the policy's own samples (else context only, like a regex-written plan)."""
+        """One more Planner turn after ``user_text`` (its text after the thinking where the engine's reasoning
+        parser splits it off); None when the context is full or the engine refuses. ``is_sampled``: its tokens
+        are the policy's own samples (else context only, like a regex-written plan)."""
         role = self.client.role(self.config.roles.planner)
         try:
             prompt = await role.extend_chat(planner.ids(), user_text)
@@ -271,7 +272,7 @@ class RolloutRunner:
         except ValueError:
             return None
         planner.append(prompt, completion.token_ids, is_sampled=is_sampled)
-        return completion.text
+        return completion.after_thinking
 
 
 async def _timed(work: Awaitable[T]) -> tuple[T, float]:

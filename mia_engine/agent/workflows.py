@@ -51,7 +51,7 @@ class ManagerSummary:
                                                trajectory=trace)
         try:
             (summary,) = await complete(client.role(config.roles.manager), [{"role": "user", "content": text}],
-                                        sampling_options(config.sampling.manager))
+                                        sampling_options(config.sampling.manager), keep_thinking=False)
         except ValueError:
             summary = ""
         return truncate_words(strip_think(summary), config.summary_max_words) or rollout.plan[:500] or "-"

@@ -5,6 +5,7 @@ says why). Each engine checks its own fields; which roles use it is the root's r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from ..base.structs import Frozen
@@ -20,6 +21,10 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     """A local Hugging Face model folder, a Hugging Face model id already in the local Hugging Face cache
     (``HF_HOME`` / ``HF_HUB_CACHE``; the server never downloads: ``hf download <id>`` first), or
     ``embedded:smollm2`` / ``embedded:tiny`` (built on first use)."""
+    served_model_name: list[str] = []
+    """The model ids clients name for this engine's bare base model (``vllm serve --served-model-name``);
+    empty = the engine's name. ``serve MODEL`` sets it to MODEL as given, as ``vllm serve`` does. vLLM's own
+    metrics label the engine by its name."""
     dtype: str = "auto"
     """Weights and activation dtype. ``auto`` takes the model's, except on an x86 CPU without native bfloat16
     (``avx512_bf16``/``amx_bf16``), where the engine asks vLLM for float32 (``engines/cpu/options.py``):
@@ -77,6 +82,12 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
+    structured_outputs_in_reasoning: bool = False
+    """With a ``reasoning_parser``: a request's constraint (``response_format``, ``structured_outputs``, a
+    forced tool call) applies while the model thinks too, from its first token (vLLM's
+    ``structured_outputs_config.enable_in_reasoning``). Off (vLLM's default): the constraint starts once the
+    reasoning parser sees the thinking end, so a reasoning model thinks freely and then answers in the
+    constrained form. No effect without a ``reasoning_parser``."""
     cpu: CpuEngineConfig = CpuEngineConfig()
     """This engine on vLLM's CPU platform (no effect on a GPU)."""
     tool_call_parser: str = ""
@@ -85,6 +96,13 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     generates freely and the parser reads the model's own call syntax into ``tool_calls`` (``hermes`` for
     Qwen2.5 and Qwen3); empty = ``auto`` is refused with a 400 naming ``tool_choice``, since nothing could read
     the calls. A name vLLM does not register is refused before any engine starts."""
+    enable_auto_tool_choice: bool = False
+    """Accepted as ``vllm serve --enable-auto-tool-choice`` is; it needs ``tool_call_parser``. Unlike vLLM,
+    a ``tool_call_parser`` alone already answers ``tool_choice: "auto"``: the parser is the only thing
+    that could read the calls."""
+    chat_template: str = ""
+    """A Jinja chat template (a file's path, or the template itself) that replaces the model's own for
+    every request on this engine (``vllm serve --chat-template``); empty = the tokenizer's."""
     executor_backend: Literal["auto", "uni", "mp", "ray"] = "auto"
     """Where the model runs: ``mp`` in worker processes on this node (vLLM's choice, ``auto``), ``uni``
     inside the engine-core process (one GPU only), ``ray`` on the GPUs of a Ray cluster (vLLM's multi-node
@@ -107,7 +125,17 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
         check_field(self.warmup_max_seqs <= self.max_num_seqs, "warmup_max_seqs",
                     f"{self.warmup_max_seqs} is more than max_num_seqs ({self.max_num_seqs}), the most the engine "
                     "runs at once")
+        check_field(not self.enable_auto_tool_choice or bool(self.tool_call_parser), "enable_auto_tool_choice",
+                    "needs tool_call_parser (vllm serve --tool-call-parser NAME)")
+        check_field(all(self.served_model_name), "served_model_name", "names must not be empty")
+        check_field(not self.chat_template or "{" in self.chat_template
+                    or Path(self.chat_template).expanduser().is_file(), "chat_template",
+                    f"{self.chat_template!r} is neither a file nor a Jinja template")
         self._check_placement()
+
+    def model_ids(self, name: str) -> list[str]:
+        """The model ids of this engine's bare base model, ``name`` being its table's name."""
+        return list(self.served_model_name) or [name]
 
     def other_vllm_args(self) -> dict[str, object]:
         """The vLLM engine arguments this table sets, other than vLLM's defaults, that are not fields of

@@ -19,6 +19,7 @@ from .agent import resolve_table
 from .engines import EngineConfig
 from .errors import ConfigError, field_message
 from .roles import RoleConfig
+from .served_model import ModelFacts, with_model
 from .root import MIAConfig, check_sections
 from .vllm_args import VLLM_VERSION
 
@@ -49,20 +50,35 @@ def parse_override_value(text: str) -> Any:
 
 
 def apply_override(raw: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``raw[a][b][c] = value`` for ``dotted = "a.b.c"``, creating tables on the way."""
-    keys = dotted.split(".")
-    node = raw
-    for i, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, cannot set {dotted}")
-        node = child
-    node[keys[-1]] = value
+    """Set ``raw[a][b][c] = value`` for ``dotted = "a.b.c"``, creating tables on the way; a ``*`` key sets
+    it in every table there is at that place (``engines.*.max_model_len``: on every engine)."""
+    _apply(raw, dotted.split("."), value, dotted)
 
 
-def load_config(name_or_path: str, overrides: dict[str, Any] | None = None) -> MIAConfig:
-    """Read, override, convert and cross-check a config; raise ``ConfigError`` naming the field."""
-    raw = read_toml(name_or_path)
+def _apply(node: dict[str, Any], keys: list[str], value: Any, dotted: str) -> None:
+    if keys[0] == "*" and len(keys) > 1:
+        for child in node.values():
+            if isinstance(child, dict):
+                _apply(child, keys[1:], value, dotted)
+        return
+    if len(keys) == 1:
+        node[keys[0]] = value
+        return
+    child = node.setdefault(keys[0], {})
+    if not isinstance(child, dict):
+        done = dotted.split(".")[: dotted.split(".").index(keys[0]) + 1]
+        raise ConfigError(f"{'.'.join(done)}: is a value, cannot set {dotted}")
+    _apply(child, keys[1:], value, dotted)
+
+
+def load_config(name_or_path: str | None, overrides: dict[str, Any] | None = None, *,
+                model: ModelFacts | None = None, served_names: list[str] | None = None) -> MIAConfig:
+    """Read, override, convert and cross-check a config; raise ``ConfigError`` naming the field.
+    ``name_or_path`` None: the ``default`` config, or with ``model`` (``serve MODEL``) the one-model config
+    of ``served_model.py``; a config and ``model``: that config with its Planner's engine on the model."""
+    raw = read_toml(name_or_path or "default") if name_or_path or model is None else None
+    if model is not None:
+        raw = with_model(raw, model, read_toml("default"), served_names)
     for dotted, value in (overrides or {}).items():
         apply_override(raw, dotted, value)
     _check_named_tables(raw)

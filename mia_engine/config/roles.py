@@ -7,6 +7,11 @@ from __future__ import annotations
 from ..base.structs import Frozen
 
 
+INIT_ADAPTER = "init"
+"""``adapter = "init"``: a zero-B adapter (``init-adapter``) of the engine's model at its ``max_lora_rank``,
+created in the data dir at the first start and reused after: a Planner that learns on a model of one's own."""
+
+
 class SamplingDefaults(Frozen):
     """A role's sampling defaults; a request's own values win."""
 
@@ -28,7 +33,8 @@ class RoleConfig(Frozen):
     engine: str = ""
     """Name of the engine in ``[engines]``."""
     adapter: str = ""
-    """LoRA adapter folder (PEFT format), ``embedded:<name>`` for one built with the embedded model, or empty for the base."""
+    """LoRA adapter folder (PEFT format), ``embedded:<name>`` for one built with the embedded model, ``init``
+    for a zero-B adapter created in the data dir at the first start, or empty for the base."""
     alias_of: str = ""
     """Serve this role as another role (e.g. judge = manager); other fields must stay empty."""
     sampling: SamplingDefaults = SamplingDefaults()

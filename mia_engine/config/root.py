@@ -24,8 +24,10 @@ from .tools import ToolsConfig
 
 AGENT_MODEL = "mia"
 """The model id of the research agent on ``/v1/chat/completions`` (not a role: the whole loop)."""
-RESERVED_MODEL_IDS = frozenset({AGENT_MODEL})
-"""Model ids that are not roles or engines: ``mia`` is the research agent."""
+EMBEDDING_MODEL = "embedding"
+"""The model id of the memory's sentence encoder on ``/v1/embeddings`` (not a role either)."""
+RESERVED_MODEL_IDS = frozenset({AGENT_MODEL, EMBEDDING_MODEL})
+"""Model ids that are not roles or engines: ``mia`` is the research agent, ``embedding`` the encoder."""
 
 
 class MIAConfig(Frozen):
@@ -67,6 +69,7 @@ def check_sections(config: MIAConfig) -> None:
     clash = set(config.engines) & set(config.roles)
     if clash:
         raise ConfigError(f"roles.{sorted(clash)[0]}: a role cannot have the name of an engine")
+    _check_model_ids(config)
     for name, role in config.roles.items():
         _check_role(config, name, role)
     for field, model in msgspec.structs.asdict(config.agent.roles).items():
@@ -77,6 +80,19 @@ def check_sections(config: MIAConfig) -> None:
                           f"agent.planner_rollout_temperature ({config.agent.planner_rollout_temperature}), the "
                           "temperature the Planner's learned tokens are sampled at")
     _check_ray_learner_dirs(config)
+
+
+def _check_model_ids(config: MIAConfig) -> None:
+    """Every model id (a role's name, an engine's served names) names one thing."""
+    seen = {name: f"roles.{name}" for name in config.roles}
+    for engine_name, engine in config.engines.items():
+        for model_id in engine.served_model_name:
+            where = f"engines.{engine_name}.served_model_name"
+            if model_id in RESERVED_MODEL_IDS:
+                raise ConfigError(f"{where}: {model_id!r} is a reserved model id")
+            if model_id in seen:
+                raise ConfigError(f"{where}: {model_id!r} is already the model id of {seen[model_id]}")
+            seen[model_id] = where
 
 
 def _check_ray_learner_dirs(config: MIAConfig) -> None:

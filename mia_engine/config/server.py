@@ -37,8 +37,10 @@ def _is_network(cidr: str) -> bool:
 class LimitsConfig(Frozen):
     """Per-request size limits of the HTTP API; a request over one is refused with a 4xx naming the field."""
 
-    max_tokens: int = 4096
-    """Largest ``max_tokens`` / ``max_completion_tokens`` accepted."""
+    max_tokens: int = 0
+    """Largest ``max_tokens`` / ``max_completion_tokens`` accepted, and the most a request without one may
+    generate; 0 = no cap beyond the context: as with ``vllm serve``, a request without ``max_tokens`` may fill
+    what the context leaves after its prompt (or its role's ``sampling.max_tokens``, where set)."""
     max_rollouts: int = 16
     """Largest ``rollouts`` (G) of a research request (model ``mia``)."""
     max_stop_sequences: int = 8
@@ -79,7 +81,7 @@ class LimitsConfig(Frozen):
 
 
     def __post_init__(self) -> None:
-        _check_counts(self, zero_means={})
+        _check_counts(self, zero_means={"max_tokens": "no cap beyond the context"})
 
 
 class AdmissionConfig(Frozen):
@@ -261,13 +263,20 @@ def check_bind(server: ServerConfig) -> None:
             "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
 
 
-def check_keys(server: ServerConfig) -> None:
-    """Refuse keys that are short or that merge the two scopes (checked by ``serve`` only, as ``check_bind``)."""
+def check_keys(server: ServerConfig) -> list[str]:
+    """Refuse keys that merge the two scopes, and keys shorter than ``MIN_KEY_CHARS`` on a bind that other
+    machines reach; on loopback a short key (``vllm serve --api-key token-abc123``) is accepted, and
+    returned as a warning line to log (checked by ``serve`` only, as ``check_bind``)."""
+    warnings = []
     for field in ("api_key", "admin_api_key"):
         key = getattr(server, field)
         if key and len(key) < MIN_KEY_CHARS:
-            raise ConfigError(f"server.{field}: {len(key)} characters; use at least {MIN_KEY_CHARS} (python -c "
-                              "'import secrets; print(secrets.token_urlsafe(32))')")
+            advice = f"use at least {MIN_KEY_CHARS} (python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            if not server.is_loopback():
+                raise ConfigError(f"server.{field}: {len(key)} characters, on {server.host}, which other machines "
+                                  f"reach; {advice}")
+            warnings.append(f"server.{field}: {len(key)} characters, accepted on loopback only; {advice}")
     if server.admin_api_key and server.admin_api_key == server.api_key:
         raise ConfigError("server.admin_api_key: equals server.api_key, which would make every API client an "
                           "admin; use a different key")
+    return warnings

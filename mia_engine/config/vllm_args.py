@@ -26,7 +26,6 @@ from ..base.structs import Frozen
 ENGINE_ARGS_FILE = Path(__file__).with_name("vllm_engine_args.json")
 
 SET_FROM: Mapping[str, str] = MappingProxyType({
-    "served_model_name": "the engine's name (its model id)",
     "disable_log_stats": "the engine: vLLM's stat loggers always run (they feed /metrics)",
     "device_ids": "devices",
     "distributed_executor_backend": "executor_backend",

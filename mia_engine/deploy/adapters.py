@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import ConfigError, MIAConfig
+from ..config.roles import INIT_ADAPTER
 from ..engines.adapters import AdapterError, read_adapter_config
 from ..models.embedded import is_embedded
 from ..models.lora import DECODER_LORA_TARGETS, lora_shapes
@@ -32,7 +33,7 @@ def check_role_adapters(config: MIAConfig, model_dir: Callable[[str], Path],
     models and adapters (built by it on first use; ``serve`` does not build them before it listens)."""
     lines = []
     for name, role in config.roles.items():
-        if role.alias_of or not role.adapter:
+        if role.alias_of or not role.adapter or role.adapter == INIT_ADAPTER:  # init: made at the first start
             continue
         field, engine = f"roles.{name}.adapter", config.engines[role.engine]
         if not include_embedded and is_embedded(role.adapter):

@@ -125,6 +125,21 @@ def plan(config: MIAConfig, model_dir: Callable[[str], Path]) -> Plan:
     return result
 
 
+def engine_share(config: MIAConfig, engine_name: str, model_dir: Callable[[str], Path], capacity_bytes: int,
+                 ceiling: float) -> float:
+    """``gpu_memory_utilization`` for ``engine_name`` (on the process's first GPU, or its first ``devices``
+    entry): ``ceiling`` (vLLM's default) less what the serving process itself claims on that GPU (learner,
+    encoders, memory index, its CUDA context; ``_place_serving_process``), as a fraction of
+    ``capacity_bytes``, rounded down to 0.01."""
+    config = resolved_devices(config, True)
+    shapes = {name: _shape(name, e.model, model_dir) for name, e in config.engines.items()}
+    gpus = {str(g): GpuBudget(str(g), capacity_bytes, []) for g in range(max(_num_gpus(config), 1))}
+    _place_serving_process(config, shapes, model_dir, gpus)
+    gpu = str((config.engines[engine_name].devices or [0])[0])
+    serving = gpus[gpu].used_bytes if gpu in gpus else 0
+    return math.floor(100 * (ceiling - serving / capacity_bytes)) / 100
+
+
 def _shape(name: str, model: str, model_dir: Callable[[str], Path]) -> DecoderShape:
     try:
         return decoder_shape(read_config(model_dir(model)))

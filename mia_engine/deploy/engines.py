@@ -1,5 +1,6 @@
-"""``serve``'s preflight of the engines: each model resolves and each ``tool_call_parser`` is vLLM's (before
-any start; the engine tables' vLLM arguments were checked when the config was read)."""
+"""``serve``'s preflight of the engines: each model resolves and each ``tool_call_parser`` and
+``reasoning_parser`` is vLLM's (before any start; the engine tables' vLLM arguments were checked when the
+config was read)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..config import ConfigError, MIAConfig
-from ..engines.tool_parsers import check_tool_call_parsers
+from ..engines.tool_parsers import check_parser_names
 from ..models.embedded import is_embedded
 
 
@@ -24,10 +25,11 @@ def check_engines(config: MIAConfig, model_dir: Callable[[str], Path]) -> None:
 
 
 def check_engine_parsers(config: MIAConfig) -> None:
-    """Raise ``ConfigError`` naming an ``engines.<name>.tool_call_parser`` vLLM does not register. The
-    preflight runs it after the checks that need no vLLM: importing vLLM's parser registry logs on some
-    platforms (a CPU build without Triton's CPU backend), which would otherwise come before their errors."""
+    """Raise ``ConfigError`` naming an ``engines.<name>.tool_call_parser`` or ``reasoning_parser`` vLLM does
+    not register. The preflight runs it after the checks that need no vLLM: importing vLLM's parser
+    registries logs on some platforms (a CPU build without Triton's CPU backend), which would otherwise come
+    before their errors."""
     try:
-        check_tool_call_parsers(config)
+        check_parser_names(config)
     except ValueError as err:
         raise ConfigError(str(err)) from None

@@ -6,8 +6,8 @@ from ..config import MIAConfig, resolve_role
 from .budget import GIB, Plan
 
 
-def render(config: MIAConfig, result: Plan, adapter_lines: list[str] = ()) -> str:
-    lines = [f"MIA Engine dry run: {len(result.gpus)} GPU budget(s) of {config.gpus.memory_gib:g} GiB "
+def render(config: MIAConfig, result: Plan, adapter_lines: list[str] = (), title: str = "MIA Engine dry run") -> str:
+    lines = [f"{title}: {len(result.gpus)} GPU budget(s) of {config.gpus.memory_gib:g} GiB "
              "(from config.json files; no weights read)", "", "Models"]
     for name, shape in result.shapes.items():
         vision = f" (vision tower {shape.num_vision_params / 1e9:.3f} B)" if shape.num_vision_params else ""

@@ -3,7 +3,9 @@
 vLLM caches an adapter by id and keys its prefix cache by (name, path), so re-using an id or a path
 for new weights silently serves stale ones (shared/ENGINE-NOTES.md). Every published version therefore
 gets a fresh id, name and path. New requests switch to it at once; the old version stays loaded until
-its last in-flight request ends, and only then is it removed from the engine.
+its last in-flight request ends, and only then is it removed from the engine. A role removed while serving
+(``POST /v1/unload_lora_adapter``) drains the same way; added again later under the same name, its versions
+continue their numbering.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ log = logging.getLogger(__name__)
 
 class AdapterError(ValueError):
     """An adapter that cannot be served; the previous version (if any) keeps serving."""
+
+
+class AdapterNotFound(AdapterError):
+    """No PEFT adapter at the path (vLLM answers its ``load_lora_adapter`` with 404 for this)."""
 
 
 class LoRAHost(Protocol):
@@ -64,7 +70,7 @@ def read_adapter_config(path: Path, max_rank: int) -> dict:
     with both PEFT files present (no tensor is read)."""
     config_file = path / "adapter_config.json"
     if not config_file.is_file() or not (path / "adapter_model.safetensors").is_file():
-        raise AdapterError(f"{path}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
+        raise AdapterNotFound(f"{path}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
     try:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as err:
@@ -97,12 +103,18 @@ def _check_weights(path: Path, rank: int) -> None:
 
 
 class AdapterRegistry:
-    """The current adapter version of every role with an adapter, and the versions being drained."""
+    """The current adapter version of every role with an adapter, and the versions being drained. A role
+    (model id) may also be added while serving (``register``) and removed (``unregister``)."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, LoRAHost] = {}
         self._current: dict[str, AdapterVersion] = {}
         self._draining: dict[int, AdapterVersion] = {}
+        self._version_hosts: dict[int, LoRAHost] = {}
+        """LoRA id -> the engine that holds it, until it is removed (a removed role's versions drain there)."""
+        self._last_version: dict[str, int] = {}
+        """Each role's last version number, kept when the role is removed: a role added again under the same
+        name continues the numbering, so its LoRA name (and vLLM's prefix-cache key) is never reused."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._next_lora_id = 1
         self._removals: set[asyncio.Task[None]] = set()
@@ -118,19 +130,44 @@ class AdapterRegistry:
         """Live versions, then retired ones still finishing their requests."""
         return list(self._current.values()) + list(self._draining.values())
 
+    def serves(self, role: str, host: LoRAHost) -> bool:
+        """Whether the role has a current version, on ``host``'s engine."""
+        return role in self._current and self._hosts.get(role) is host
+
     async def loaded_loras(self, role: str) -> list[set[int]]:
         """The LoRA ids each data-parallel replica of the role's engine holds, in rank order: a published
         version is in every set, a drained one in none."""
-        return await self._hosts[role].loaded_loras()
+        host = self._hosts.get(role) or next(
+            self._version_hosts[v.lora_id] for v in self._draining.values() if v.role == role)
+        return await host.loaded_loras()
 
     def on_publish(self, listener: Callable[[AdapterVersion], Awaitable[None] | None]) -> None:
         self._listeners.append(listener)
 
     async def register(self, role: str, host: LoRAHost, path: Path) -> AdapterVersion:
-        """Load a role's first adapter version."""
+        """Load a role's first adapter version on ``host``; where that fails, the role stays unknown."""
+        if role in self._current:
+            raise AdapterError(f"role {role!r} already has an adapter")
         self._hosts[role] = host
         self._locks.setdefault(role, asyncio.Lock())
-        return await self.publish(role, path)
+        try:
+            return await self.publish(role, path)
+        except BaseException:
+            if role not in self._current:
+                self._hosts.pop(role, None)
+            raise
+
+    async def unregister(self, role: str) -> AdapterVersion:
+        """Stop serving the role's adapter: new requests find no version at once; the current one is removed
+        from its engine once its in-flight requests end (as a replaced version is). Raises ``KeyError`` for
+        a role without an adapter."""
+        async with self._locks[role]:
+            version = self._current.pop(role)
+            del self._hosts[role]
+            version.is_retired = True
+            self._draining[version.lora_id] = version
+            self._remove_if_drained(version)
+        return version
 
     async def publish(self, role: str, path: Path) -> AdapterVersion:
         """Load ``path`` as the role's next version and switch new requests to it atomically."""
@@ -141,16 +178,20 @@ class AdapterRegistry:
         # Every tensor is read and checked: hundreds of MB for an 8B model's adapter, so off the loop.
         await asyncio.to_thread(check_adapter_dir, path, host.max_lora_rank)
         async with self._locks[role]:
+            if self._hosts.get(role) is not host:
+                raise AdapterError(f"role {role!r} was removed while its adapter was being checked")
             old = self._current.get(role)
             if old is not None and old.path == path:
                 raise AdapterError(f"{path} is already served as {role}@v{old.version}; publish a new folder")
-            new = AdapterVersion(role, (old.version + 1) if old else 1, self._next_lora_id, path)
+            new = AdapterVersion(role, self._last_version.get(role, 0) + 1, self._next_lora_id, path)
             self._next_lora_id += 1
             try:
                 await host.add_lora(new.lora_request())
             except Exception as err:  # vLLM raises assorted errors for unloadable weights
                 raise AdapterError(f"{path}: the engine could not load the adapter: {err}") from None
             self._current[role] = new
+            self._last_version[role] = new.version
+            self._version_hosts[new.lora_id] = host
             log.info("adapter %s@v%d is live (lora id %d, %s)", role, new.version, new.lora_id, path)
             if old is not None:
                 old.is_retired = True
@@ -182,8 +223,11 @@ class AdapterRegistry:
 
     async def _remove(self, version: AdapterVersion) -> None:
         self._draining.pop(version.lora_id, None)
+        host = self._version_hosts.pop(version.lora_id, None)
+        if host is None:
+            return  # removed already
         try:
-            await self._hosts[version.role].remove_lora(version.lora_id)
+            await host.remove_lora(version.lora_id)
             log.info("adapter %s@v%d drained and unloaded", version.role, version.version)
         except Exception as err:  # an engine that is shutting down; nothing left to free
             log.warning("could not unload adapter %s@v%d: %s", version.role, version.version, err)

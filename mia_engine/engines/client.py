@@ -8,7 +8,7 @@ model) is one ``RoleClient``, asked for once (``client.role(model)``) and then c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -21,6 +21,13 @@ class InvalidGeneration(ValueError):
         self.param = param
 
 
+class ModelUnloaded(InvalidGeneration):
+    """The model id was unloaded (``POST /v1/unload_lora_adapter``) after the request found it."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` was unloaded.", "model")
+
+
 class EngineUnavailable(RuntimeError):
     """The engine behind the model is dead or shutting down."""
 
@@ -30,12 +37,22 @@ class ContextLengthError(ValueError):
 
 
 class ModelCard(msgspec.Struct, frozen=True):
+    """One served model id, as ``/v1/models`` lists it (vLLM's ``ModelCard`` fields)."""
+
     id: str
     owned_by: str
     """``role`` for a role, ``engine`` for a bare base model, ``agent`` for the research agent."""
     root: str
-    """The base model folder the id is served from."""
+    """What the id is served from: a base model's Hugging Face id, or its folder (an embedded model's built
+    one); the base model's for a role (an adapter's folder is ``adapter_path``)."""
     adapter_version: int | None = None
+    parent: str | None = None
+    """The model id of the base model a role runs on (None for a base model, the agent, the encoder)."""
+    max_model_len: int | None = None
+    """The context length of the id's engine, in tokens (None: not one engine's)."""
+    adapter_path: str | None = None
+    """The folder of the adapter version the id serves now (None: no adapter); ``/v1/models`` shows it as
+    ``root`` to the admin scope only, as ``/v1/adapters`` shows it."""
 
 
 class SamplingOptions(msgspec.Struct, frozen=True):
@@ -72,6 +89,18 @@ class SamplingOptions(msgspec.Struct, frozen=True):
     affinity_key: str | None = None
     """Requests with the same key go to the same data-parallel replica (``EngineConfig.routing``): the
     agent passes its rollout id so a rollout's later turns reuse the replica's prefix cache."""
+    reasoning_ended: bool | None = None
+    """Where the engine has a reasoning parser (``EngineConfig.reasoning_parser``) and the request a
+    constraint (``regex``, ``json_schema``): True applies the constraint from the first token, as on an
+    engine without one; None lets the engine's reasoning parser start it once the thinking ends, deciding
+    from the prompt whether it already has (vLLM's default: a reasoning model thinks freely, then answers
+    in the constrained form). No effect elsewhere."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """The chat-template variables the prompt was rendered with, beyond the role's own (a request's
+    ``chat_template_kwargs``): the engine's reasoning parser reads them too (Qwen3's ``enable_thinking``)."""
+    split_thinking: bool = False
+    """A whole (non-streamed) completion comes with ``CompletionDelta.content``, the text after its
+    thinking as the engine's reasoning parser reads it; nothing on an engine without one."""
 
 
 class TopLogprob(msgspec.Struct, frozen=True, gc=False):
@@ -99,6 +128,9 @@ class CompletionDelta(msgspec.Struct):
     token_ids: list[int] = []
     """The sampled token ids behind ``text`` (the end-of-sequence token included when it was sampled):
     the learner trains on exactly these, and a conversation continued in token space stays on-policy."""
+    content: str | None = None
+    """With ``SamplingOptions.split_thinking`` on an engine with a reasoning parser, a whole completion's
+    text after its thinking ("" when it is all thinking), as vLLM's ``message.content``; None otherwise."""
 
 
 class ParsedToolCall(msgspec.Struct, frozen=True):
@@ -111,12 +143,83 @@ class ParsedToolCall(msgspec.Struct, frozen=True):
     """The parser's call id (None: the server makes one)."""
 
 
-class ExtractedToolCalls(msgspec.Struct, frozen=True):
-    """A finished completion read by a tool-call parser: its calls and the content around them."""
+class OutputReading(msgspec.Struct, frozen=True):
+    """What a chat request asks its engine's output parsers to read (``RoleClient.output_reader``)."""
 
+    prompt_ids: list[int]
+    """The rendered prompt: a prompt that already ended the thinking leaves none to split off."""
+    chat_template_kwargs: dict[str, Any] = {}
+    """The request's variables of the chat template (the role adds its own under them): some reasoning
+    parsers read them (Qwen3's ``enable_thinking``)."""
+    tools: list[dict[str, Any]] | None = None
+    """The request's function definitions (None: no tools)."""
+    calls: Literal["none", "auto", "required", "named"] = "none"
+    """How the completion holds calls: none read; ``auto``, the model's own syntax read by the engine's
+    tool-call parser; ``required``, a JSON list of ``{"name", "parameters"}`` (forced by a grammar);
+    ``named``, the arguments of ``function`` as JSON (forced)."""
+    function: str = ""
+    """The forced function's name (``calls == "named"``)."""
+
+
+class ParsedOutput(msgspec.Struct, frozen=True):
+    """A whole completion, read: its thinking, the content after it, and its calls."""
+
+    reasoning: str | None
+    """The thinking (None: the engine has no reasoning parser, or the prompt ended the thinking)."""
     content: str | None
-    calls: list[ParsedToolCall]
-    """Empty: the model called no tool (``content`` is then the whole text)."""
+    """What follows the thinking, less the calls (None when nothing, or only whitespace, is left)."""
+    calls: list[ParsedToolCall] | None = None
+    """The calls read (None: no calls were to be read, or an ``auto`` completion called none). A forced
+    completion cut short by ``max_tokens`` holds each call whose name was complete, its arguments as far
+    as they were generated (as the stream sent them)."""
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True):
+    """A piece of a streamed call: the first of a call carries its id and name, the later ones argument
+    text only (OpenAI's stream format)."""
+
+    index: int
+    """The call's place among the completion's calls."""
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    """The next piece of the arguments' JSON text."""
+
+
+class OutputDelta(msgspec.Struct, frozen=True):
+    """What a streamed piece of a completion adds, read."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] = []
+
+
+class ChoiceReader(Protocol):
+    """Reads one completion (one of the ``n``), whole or as it streams: it keeps state while a stream goes."""
+
+    async def whole(self, text: str, token_ids: list[int]) -> ParsedOutput:
+        """A finished completion, read (off the event loop)."""
+        ...
+
+    def delta(self, text: str, token_ids: list[int], *, finished: bool) -> OutputDelta | None:
+        """The next streamed piece (its text and token ids), read; None: nothing to send yet (e.g. a tag
+        of the call syntax, held until the parser knows what it opens)."""
+        ...
+
+
+class OutputReader(Protocol):
+    """A chat request's reading of its completions (``RoleClient.output_reader``)."""
+
+    reads_reasoning: bool
+    """The engine's reasoning parser splits the thinking off (it has one, and the prompt did not end the
+    thinking already): a constraint then starts once the thinking ends (``SamplingOptions.reasoning_ended``)."""
+    skip_special_tokens: bool
+    """Whether the completion may be detokenized without special tokens: a parser whose tags are special
+    tokens in some models (Hermes' ``<tool_call>``) asks for them to be kept, as it does in ``vllm serve``."""
+
+    def choice(self) -> ChoiceReader:
+        """A fresh reader of one completion."""
+        ...
 
 
 class RoleClient(Protocol):
@@ -139,12 +242,13 @@ class RoleClient(Protocol):
         """Requests may carry images (the engine serves a vision-language model)."""
         ...
 
-    async def render_chat(self, messages: list[dict[str, Any]], *,
-                          tools: list[dict[str, Any]] | None = None) -> list[int]:
+    async def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                          chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Apply the model's chat template (with the generation prompt) and tokenize. A message's content
         is a string, or (on a model that takes images) a list of ``{"type": "text", "text": ...}`` and
         ``{"type": "image"}`` parts; each image part becomes the template's image placeholder. ``tools``:
-        OpenAI function definitions, handed to the template (which describes them to the model)."""
+        OpenAI function definitions, handed to the template (which describes them to the model).
+        ``chat_template_kwargs``: variables of the template over the role's own (a request's; they win)."""
         ...
 
     async def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -169,14 +273,10 @@ class RoleClient(Protocol):
         ``tool_choice: "auto"``."""
         ...
 
-    def skips_special_tokens(self, tools: list[dict[str, Any]]) -> bool:
-        """Whether an ``auto`` completion with these ``tools`` may be detokenized without special tokens
-        (False where the engine's tool-call parser needs its call tags, which some models mark special)."""
-        ...
-
-    async def extract_tool_calls(self, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
-        """The tool calls in a finished ``auto`` completion, read by the engine's tool-call parser (off the
-        event loop)."""
+    def output_reader(self, reading: OutputReading) -> OutputReader | None:
+        """How a chat request's completions are read, by vLLM's parsers as ``vllm serve`` reads them: the
+        engine's reasoning parser splits the thinking off, its tool-call parser reads ``auto`` calls, and
+        forced calls are read from their JSON. None: there is nothing to read (the text is all content)."""
         ...
 
     def generate(

@@ -10,15 +10,16 @@ from contextlib import aclosing, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
 from vllm.exceptions import VLLMClientError
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from ..config import SamplingDefaults
 from .adapters import AdapterRegistry
-from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, ExtractedToolCalls, InvalidGeneration,
-                     SamplingOptions)
+from .client import (CompletionDelta, ContextLengthError, EngineUnavailable, InvalidGeneration, ModelUnloaded,
+                     OutputReader, OutputReading, SamplingOptions)
+from .output_parsers import EngineParsers
 from .outputs import has_many_logprobs, sampling_params, to_deltas, to_deltas_in_slices
-from .tool_parsers import ToolCallParser
 from .vllm_engine import VLLMEngine
 
 
@@ -44,13 +45,14 @@ class RoleTarget:
 class RoleHandle:
     """One model id on its engine (implements ``client.RoleClient``)."""
 
-    def __init__(self, name: str, target: RoleTarget, adapters: AdapterRegistry, parser: ToolCallParser | None,
+    def __init__(self, name: str, target: RoleTarget, adapters: AdapterRegistry, parsers: EngineParsers,
                  usage: UsageObserver | None) -> None:
+        """``parsers``: its engine's output parsers (``output_parsers.py``)."""
         self.name = name
         self.target = target
         self.engine = target.engine
         self._adapters = adapters
-        self._parser = parser
+        self._parsers = parsers
         self._usage = usage
 
     def max_model_len(self) -> int:
@@ -77,10 +79,10 @@ class RoleHandle:
     def supports_images(self) -> bool:
         return self.engine.supports_images
 
-    async def render_chat(self, messages: list[dict[str, Any]], *,
-                          tools: list[dict[str, Any]] | None = None) -> list[int]:
+    async def render_chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                          chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
         extra = {"tools": tools} if tools else {}
-        template_kwargs = self.target.template_kwargs
+        template_kwargs = self.template_kwargs(chat_template_kwargs)
 
         def render(tokenizer: Any) -> list[int]:
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
@@ -117,17 +119,18 @@ class RoleHandle:
 
         return await self.engine.with_tokenizer(extend)
 
+    def template_kwargs(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The chat-template variables of a prompt: the role's ``chat_template_kwargs``, ``extra`` (a
+        request's) over them."""
+        return {**self.target.template_kwargs, **extra} if extra else self.target.template_kwargs
+
     def parses_tool_calls(self) -> bool:
-        return self._parser is not None
+        return self._parsers.has_tools
 
-    def skips_special_tokens(self, tools: list[dict[str, Any]]) -> bool:
-        assert self._parser is not None
-        return self._parser.skips_special_tokens(tools)
-
-    async def extract_tool_calls(self, text: str, tools: list[dict[str, Any]]) -> ExtractedToolCalls:
-        parser = self._parser
-        assert parser is not None
-        return await self.engine.with_tokenizer(lambda _: parser.extract(text, tools))  # the parser holds the tokenizer
+    def output_reader(self, reading: OutputReading) -> OutputReader | None:
+        reading = msgspec.structs.replace(reading,
+                                          chat_template_kwargs=self.template_kwargs(reading.chat_template_kwargs))
+        return self._parsers.reader(reading, self.engine.with_tokenizer)  # the parsers hold the tokenizer
 
     async def generate(
         self, prompt_ids: list[int], options: SamplingOptions, request_id: str, *, stream: bool,
@@ -142,9 +145,13 @@ class RoleHandle:
         except (ValueError, VLLMClientError) as err:
             raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
         role = self.target.adapter_role
+        if role and not self._adapters.serves(role, engine):  # unloaded since the request found this handle
+            raise ModelUnloaded(self.name)
         lease = self._adapters.acquire(role) if role else nullcontext(None)
+        template_kwargs = self.template_kwargs(options.chat_template_kwargs)
         async with lease as lora, aclosing(engine.generate(
-                prompt_ids, params, request_id, lora, options.affinity_key, images)) as outputs:
+                prompt_ids, params, request_id, lora, options.affinity_key, images,
+                **self._reasoning_args(options, template_kwargs))) as outputs:
             try:
                 num_generated = 0
                 async for output in outputs:
@@ -152,12 +159,35 @@ class RoleHandle:
                     if output.finished and self._usage is not None:
                         self._usage.record_usage(self.name, len(output.prompt_token_ids or prompt_ids),
                                                  output.num_cached_tokens or 0, num_generated, len(images))
-                    yield await to_deltas_in_slices(output, options.logprobs) \
+                    deltas = await to_deltas_in_slices(output, options.logprobs) \
                         if has_many_logprobs(output, options.logprobs) else to_deltas(output, options.logprobs)
+                    if options.split_thinking and output.finished and self._parsers.has_reasoning:
+                        await self._split_thinking(deltas, prompt_ids, template_kwargs)
+                    yield deltas
             except EngineDeadError as err:
                 raise EngineUnavailable(f"engine {engine.name} is not running: {err}") from None
             except (ValueError, VLLMClientError) as err:  # some checks run only when the request is added
                 raise InvalidGeneration(str(err), getattr(err, "parameter", None)) from None
+
+    def _reasoning_args(self, options: SamplingOptions, template_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """What the engine's structured-output gate reads of a constrained request on an engine with a
+        reasoning parser (as vLLM's chat serving passes them): whether the thinking already ended, and the
+        template variables its reasoning parser is built with."""
+        if not self._parsers.has_reasoning or (options.regex is None and options.json_schema is None):
+            return {}
+        return {"reasoning_ended": options.reasoning_ended,
+                "reasoning_kwargs": {"chat_template_kwargs": dict(template_kwargs)}}
+
+    async def _split_thinking(self, deltas: list[CompletionDelta], prompt_ids: list[int],
+                              template_kwargs: dict[str, Any]) -> None:
+        """Each whole completion's ``content``: its text after the thinking, by the engine's reasoning parser."""
+        parsers = self._parsers
+
+        def split(_: Any) -> list[str | None]:
+            return [parsers.content_after_thinking(d.text, d.token_ids, prompt_ids, template_kwargs) for d in deltas]
+
+        for delta, content in zip(deltas, await self.engine.with_tokenizer(split)):
+            delta.content = content
 
 
 _SENTINEL = "\u2063MIA-ASSISTANT-TURN\u2063"

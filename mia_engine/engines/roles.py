@@ -5,7 +5,7 @@ to an engine, an optional versioned LoRA adapter and sampling defaults; each eng
 model id, for its bare base model. Roles on the same base model share one engine. ``RoleServer`` starts
 the engines (in groups that may start together, then each one's warm-up) and hands out one
 ``RoleHandle`` per model id (``role_handle.py``: tokenizing and generation); ``outputs.py`` turns vLLM's
-outputs into ours.
+outputs into ours; ``lora_models.py`` adds and removes adapters by name while it serves.
 """
 
 from __future__ import annotations
@@ -16,16 +16,20 @@ import threading
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import MappingProxyType
 
 from ..config import MIAConfig, SamplingDefaults, resolve_role
+from ..config.roles import INIT_ADAPTER
 from ..models.cache import default_home
-from ..models.embedded import adapter_dir, model_dir
+from ..models.embedded import adapter_dir, is_embedded, model_dir
+from ..models.lora import initial_adapter
 from .adapters import AdapterRegistry
 from .client import ModelCard
 from .platforms import Platform, resolve_platform
 from .role_handle import RoleHandle, RoleTarget, UsageObserver
 from .startup import applied_env, process_state_kept, start_groups, use_spawn
-from .tool_parsers import ToolCallParser, check_tool_call_parsers
+from .output_parsers import EngineParsers
+from .tool_parsers import check_parser_names
 from .vllm_engine import VLLMEngine
 from .warmup import warm_up
 
@@ -46,8 +50,8 @@ class RoleServer:
         self.engines: dict[str, VLLMEngine] = {}
         self._handles: dict[str, RoleHandle] = {}
         """Model id -> its handle, once its engine is up."""
-        self._tool_parsers: dict[str, ToolCallParser] = {}
-        """Engine name -> its tool-call parser (engines with ``tool_call_parser`` set)."""
+        self._parsers: dict[str, EngineParsers] = {}
+        """Engine name -> its output parsers (``reasoning_parser``, ``tool_call_parser``; either may be unset)."""
         self._is_started = False
         self._error: str | None = None
         self.initial_adapters: dict[str, Path] = {}
@@ -71,7 +75,7 @@ class RoleServer:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         config_lock = threading.Lock()
-        check_tool_call_parsers(self.config)  # before any engine starts
+        check_parser_names(self.config)  # before any engine starts
         envs = {name: self.platform.spawn_env(engine) for name, engine in self.config.engines.items()}
         for group in start_groups(self.config.engines, envs):
             engines = []
@@ -87,16 +91,15 @@ class RoleServer:
                 if isinstance(result, BaseException):
                     raise result
             for engine in engines:
-                if engine.config.tool_call_parser:
-                    self._tool_parsers[engine.name] = ToolCallParser(engine.name, engine.config.tool_call_parser,
-                                                                     engine.tokenizer)
-                self.serve(engine.name, RoleTarget(engine, None, SamplingDefaults(), "engine", {}))
+                self._parsers_of(engine)  # a parser the model's tokenizer cannot serve stops the start here
+                for model_id in engine.config.model_ids(engine.name):
+                    self.serve(model_id, RoleTarget(engine, None, SamplingDefaults(), "engine", {}))
         for name in self.config.roles:
             canonical, role = resolve_role(self.config, name)
             engine = self.engines[role.engine]
             if role.adapter and canonical == name:
                 path = self.initial_adapters.get(name) or await loop.run_in_executor(
-                    None, adapter_dir, role.adapter, self.config.engines[role.engine].model, self.home)
+                    None, self._adapter_dir, name, role.adapter, engine)
                 await self.adapters.register(name, engine, path)
             self.serve(name, RoleTarget(engine, canonical if role.adapter else None, role.sampling, "role",
                                         dict(role.chat_template_kwargs)))
@@ -104,10 +107,31 @@ class RoleServer:
             if engine.config.warmup_max_seqs:
                 await self._warm_up(engine)
 
+    def _adapter_dir(self, role: str, spec: str, engine: VLLMEngine) -> Path:
+        """The folder of a role's configured adapter (``init``: created in the data dir at the first start)."""
+        if spec == INIT_ADAPTER:
+            return initial_adapter(engine.model_dir, self.config.resolved_data_dir() / "adapters" / "init", role,
+                                   engine.config.max_lora_rank)
+        return adapter_dir(spec, engine.config.model, self.home)
+
     def serve(self, name: str, target: RoleTarget) -> None:
-        """Serve model id ``name`` as ``target`` (with its engine's tool-call parser, if it has one)."""
-        parser = self._tool_parsers.get(target.engine.name)
-        self._handles[name] = RoleHandle(name, target, self.adapters, parser, self.usage)
+        """Serve model id ``name`` as ``target`` (with its engine's output parsers)."""
+        self._handles[name] = RoleHandle(name, target, self.adapters, self._parsers_of(target.engine), self.usage)
+
+    def _parsers_of(self, engine: VLLMEngine) -> EngineParsers:
+        """``engine``'s output parsers, built once its tokenizer is loaded."""
+        if engine.name not in self._parsers:
+            self._parsers[engine.name] = EngineParsers(engine.name, engine.config.tool_call_parser,
+                                                       engine.config.reasoning_parser, engine.tokenizer)
+        return self._parsers[engine.name]
+
+    def drop(self, name: str) -> None:
+        """Stop serving model id ``name`` (an adapter unloaded while serving): new requests get 404."""
+        del self._handles[name]
+
+    def handles(self) -> Mapping[str, RoleHandle]:
+        """Every served model id's handle (read-only)."""
+        return MappingProxyType(self._handles)
 
     async def _warm_up(self, engine: VLLMEngine) -> None:
         """``engines/warmup.py`` on ``engine``, with the base model and every adapter of its roles."""
@@ -139,16 +163,24 @@ class RoleServer:
     # --- EngineClient ---------------------------------------------------------------------------
 
     def models(self) -> list[ModelCard]:
+        """Every served id with vLLM's card fields: its base model's ``root`` (``base_model_root``), a role's
+        ``parent`` (its engine's first base-model id) and adapter folder, its engine's context length."""
         cards = []
         for model_id, handle in self._handles.items():
-            target = handle.target
+            target, engine = handle.target, handle.engine
             version = self.adapters.current(target.adapter_role) if target.adapter_role else None
-            cards.append(ModelCard(model_id, target.owned_by, str(target.engine.model_dir),
-                                   version.version if version else None))
+            parent = None if target.owned_by == "engine" else engine.config.model_ids(engine.name)[0]
+            cards.append(ModelCard(model_id, target.owned_by, base_model_root(engine),
+                                   version.version if version else None, parent, handle.max_model_len(),
+                                   str(version.path) if version else None))
         return cards
 
     def has_model(self, model: str) -> bool:
-        return model in self.config.roles or model in self.config.engines
+        """Served; until the engines are up, configured (an id loaded or unloaded later counts once it is)."""
+        if self._is_started:
+            return model in self._handles
+        return model in self.config.roles or any(model in engine.model_ids(name)
+                                                 for name, engine in self.config.engines.items())
 
     def role(self, model: str) -> RoleHandle:
         """The handle of a served model id; ``KeyError`` for one that is not (or not yet) served."""
@@ -173,6 +205,15 @@ class RoleServer:
     def progress(self) -> str:
         """What ``/health`` may show anyone while the engines start: the engine warming up, if one is."""
         return f"engine {self._warming_up} is warming up" if self._warming_up is not None else ""
+
+
+def base_model_root(engine: VLLMEngine) -> str:
+    """A base model's ``root`` on ``/v1/models``, as vLLM shows its ``--model``: a Hugging Face id as given,
+    else the folder the engine loaded (an embedded model's built one), which a tokenizer loader can open
+    (``vllm bench serve`` takes the first listed model's ``root`` as its tokenizer)."""
+    spec = engine.config.model
+    is_hub_id = not is_embedded(spec) and Path(spec).expanduser() != engine.model_dir
+    return spec if is_hub_id else str(engine.model_dir)
 
 
 async def start_together(engines: Sequence[VLLMEngine], config_lock: threading.Lock,

@@ -48,6 +48,14 @@ def hf_config(model_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+def chat_template_text(template: str) -> str:
+    """``engines.<name>.chat_template``: a file's contents, or the text itself (as ``vllm serve
+    --chat-template`` reads it)."""
+    path = Path(template).expanduser()
+    is_file = "{" not in template and path.is_file()
+    return path.read_text() if is_file else template
+
+
 def vocab_size(config: dict[str, Any]) -> int:
     """The vocabulary in tokens of a model's ``config.json`` (``vocab_size``, or its ``text_config``'s for a
     vision-language model); 0 when it does not say."""
@@ -146,11 +154,18 @@ class VLLMEngine:
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        if self.config.chat_template:
+            tokenizer.chat_template = chat_template_text(self.config.chat_template)
+        return tokenizer
 
     def _engine_args(self) -> AsyncEngineArgs:
-        return AsyncEngineArgs(**{**self.config.other_vllm_args(), **self._common_engine_args(),
-                                  **self.platform.engine_args(self.config)})
+        return AsyncEngineArgs(**self.engine_kwargs())
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of vLLM's ``AsyncEngineArgs`` for this engine: what the table sets, the
+        arguments every platform gets, and the platform's own."""
+        return {**self.config.other_vllm_args(), **self._common_engine_args(), **self.platform.engine_args(self.config)}
 
     def _common_engine_args(self) -> dict[str, Any]:
         """The engine args on every platform."""
@@ -174,7 +189,8 @@ class VLLMEngine:
             disable_log_stats=True,
             distributed_executor_backend=executor_backend(c),
             structured_outputs_config=StructuredOutputsConfig(backend=c.structured_outputs_backend,
-                                                              disable_any_whitespace=c.compact_json),
+                                                              disable_any_whitespace=c.compact_json,
+                                                              enable_in_reasoning=c.structured_outputs_in_reasoning),
         )
 
     def _build(self, config_lock: threading.Lock) -> Any:
@@ -197,17 +213,22 @@ class VLLMEngine:
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, lora: LoRARequest | None,
-        affinity_key: str | None = None, images: Sequence[Any] = (),
+        affinity_key: str | None = None, images: Sequence[Any] = (), *, reasoning_ended: bool | None = None,
+        reasoning_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """vLLM's stream for one request; closing it early aborts the request in the engine. ``images``
         (decoded RGB images) fill the prompt's image placeholders in order; vLLM's processor expands
-        each placeholder token into the image's tokens."""
+        each placeholder token into the image's tokens. ``reasoning_ended`` and ``reasoning_kwargs``: what
+        vLLM's structured-output gate reads on an engine with a reasoning parser (``AsyncLLM.generate``'s
+        ``reasoning_ended`` and ``reasoning_parser_kwargs``)."""
         prompt = TokensPrompt(prompt_token_ids=prompt_ids)
         if images:
             prompt["multi_modal_data"] = {"image": list(images)}
         rank = self.replica(affinity_key)
+        reasoning = {} if reasoning_kwargs is None else {"reasoning_ended": reasoning_ended,
+                                                          "reasoning_parser_kwargs": reasoning_kwargs}
         async with aclosing(self._llm.generate(prompt, params, request_id, lora_request=lora,
-                                               data_parallel_rank=rank)) as outputs:
+                                               data_parallel_rank=rank, **reasoning)) as outputs:
             async for output in outputs:
                 yield output
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from .cache import build_once
 from .smollm2 import build_smollm2
@@ -33,21 +35,55 @@ def embedded_root(spec: str, home: Path) -> Path:
     return build_once(home / "models" / folder, build)
 
 
-def model_dir(spec: str, home: Path) -> Path:
+def model_dir(spec: str, home: Path, *, download: Literal["", "config", "all"] = "") -> Path:
     """The Hugging Face folder an engine loads: an embedded model's, a local folder, or the snapshot of a
-    Hugging Face model id in the local Hugging Face cache (nothing is downloaded)."""
+    Hugging Face model id in the local Hugging Face cache. ``download``: what to fetch from the Hub into
+    that cache when the id's snapshot lacks it (``config``: its ``config.json``, ``all``: the files vLLM
+    loads, with a progress bar), unless ``HF_HUB_OFFLINE=1``; empty = nothing."""
     if is_embedded(spec):
         return embedded_root(spec, home) / "base"
     path = Path(spec).expanduser()
     if (path / "config.json").is_file():
         return path
     if not is_hf_model_id(spec):
-        raise FileNotFoundError(f"{spec}: not a local model folder (no config.json); nothing is downloaded")
+        raise FileNotFoundError(f"{spec}: not a local model folder (no config.json) nor a Hugging Face model id")
+    if download and not hf_offline():
+        return hf_download(spec, config_only=download == "config")
     cached = hf_cache_dir(spec)
     if cached is None:
-        raise FileNotFoundError(f"{spec}: neither a local model folder nor a model in the Hugging Face cache; "
-                                f"the server downloads nothing: run `hf download {spec}` first")
+        how = ("HF_HUB_OFFLINE=1 is set: unset it to download it, or run `hf download " f"{spec}` first"
+               if download else f"the server downloads nothing here: run `hf download {spec}` first")
+        raise FileNotFoundError(f"{spec}: neither a local model folder nor a model in the Hugging Face cache; {how}")
     return cached
+
+
+def hf_offline() -> bool:
+    """``HF_HUB_OFFLINE`` as huggingface_hub reads it."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
+"""Weight files, in vLLM's order of preference: only the first kind a repository has is fetched."""
+
+
+def hf_download(repo_id: str, *, config_only: bool = False) -> Path:
+    """The snapshot folder of ``repo_id`` in the Hugging Face cache, after fetching what it lacks: its
+    ``config.json`` alone, or the configs, tokenizer files and one kind of weights (as vLLM fetches a
+    model), with huggingface_hub's progress bars. A file already cached is not fetched again."""
+    import logging
+
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+
+    if config_only:
+        return Path(hf_hub_download(repo_id, "config.json")).parent
+    files = [sibling.rfilename for sibling in HfApi().model_info(repo_id).siblings or ()]
+    weights = next((p for p in WEIGHT_PATTERNS if any(fnmatch.fnmatch(f, p) for f in files)), WEIGHT_PATTERNS[0])
+    logging.getLogger(__name__).info("fetching %s from the Hugging Face Hub (%s weights) into its cache",
+                                     repo_id, weights)
+    return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken",
+                                                           weights]))
 
 
 def is_hf_model_id(spec: str) -> bool:

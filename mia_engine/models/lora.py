@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+from ..base.files import atomic_dir
+
+log = logging.getLogger(__name__)
 
 
 DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -108,3 +114,21 @@ def init_adapter(base_dir: Path, out_dir: Path, *, rank: int, alpha: int | None 
     write_lora_adapter(out_dir, config, rank=rank, alpha=alpha or 2 * rank, target_modules=list(target_modules),
                        seed=seed, b_std=0.0, base_model_name=str(base_dir), dtype=dtype)
     return out_dir
+
+
+def initial_adapter(base_dir: Path, root: Path, role: str, rank: int) -> Path:
+    """The zero-B adapter of ``role`` on the model in ``base_dir`` at ``rank`` (a role's ``adapter = "init"``),
+    under ``root`` (the data dir's ``adapters/init``): created at the first start, reused after. Its folder
+    is named by a digest of the base's ``config.json`` and the rank, so another model or rank gets its own."""
+    digest = hashlib.sha256((base_dir / "config.json").read_bytes() + f"rank={rank}".encode()).hexdigest()[:12]
+    out = root / f"{role}-{digest}"
+    if (out / "adapter_config.json").is_file():
+        log.info("roles.%s.adapter: reusing the zero-initialised adapter %s", role, out)
+        return out
+    with atomic_dir(out, keep_existing=True) as tmp:
+        init_adapter(base_dir, tmp / "adapter", rank=rank)
+        for path in (tmp / "adapter").iterdir():
+            path.rename(tmp / path.name)
+        (tmp / "adapter").rmdir()
+    log.info("roles.%s.adapter: created a zero-initialised adapter (rank %d) in %s", role, rank, out)
+    return out

@@ -76,18 +76,19 @@ async def _loaded_by_role(registry: AdapterRegistry, roles: set[str]) -> dict[st
     return loaded
 
 
-def _loadable_path(path: str, load_dirs: Sequence[Path]) -> Path:
+def loadable_path(path: str, load_dirs: Sequence[Path], param: str = "path") -> Path:
     """``path`` with its symlinks resolved, refused (403) unless it lies under one of ``load_dirs``; the
-    resolved path is what gets loaded, so a link swapped after the check changes nothing."""
+    resolved path is what gets loaded, so a link swapped after the check changes nothing. ``param``: the
+    request field that holds it."""
     if not path or "\x00" in path:
-        raise BadRequest("path must be a non-empty folder path without NUL characters.", param="path")
+        raise BadRequest(f"{param} must be a non-empty folder path without NUL characters.", param=param)
     try:
         resolved = Path(path).resolve()
     except (OSError, RuntimeError) as err:  # a symlink loop, a name the OS refuses
-        raise BadRequest(f"path cannot be resolved: {type(err).__name__}", param="path") from None
+        raise BadRequest(f"{param} cannot be resolved: {type(err).__name__}", param=param) from None
     if not any(resolved.is_relative_to(folder) for folder in load_dirs):
-        raise Forbidden("path must lie under a configured adapter folder (the data dir's adapters folder, "
-                        "learner.publish_dir or server.adapter_dirs).", param="path", code="adapter_path_not_allowed")
+        raise Forbidden(f"{param} must lie under a configured adapter folder (the data dir's adapters folder, "
+                        "learner.publish_dir or server.adapter_dirs).", param=param, code="adapter_path_not_allowed")
     return resolved
 
 
@@ -117,7 +118,7 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
         if registry.current(role) is None:
             raise NotFound(f"Role `{role}` has no adapter.", param="role")
         body: PublishRequest = await read_json(request, config.max_body_bytes, decoder)
-        path = _loadable_path(body.path, load_dirs)
+        path = loadable_path(body.path, load_dirs)
         async with admission.slot("route:admin", config.admission.max_concurrent_admin):
             try:
                 version = await registry.publish(role, path)

@@ -5,7 +5,8 @@ The server listens at once; the engines start behind it, and until they are up e
 request (and ``/health``) answers 503, so clients and orchestrators can wait for readiness.
 
 Each concern builds its own routes (``health_api``, ``models_api``, ``chat_api``, ``completions_api``,
-``tokenize_api``, ``embeddings_api``, ``learner_api``, ``adapters_api``, ``memory_api``, ``openapi``);
+``tokenize_api``, ``embeddings_api``, ``learner_api``, ``adapters_api``, ``lora_api``, ``memory_api``,
+``openapi``);
 ``build_app`` builds every group from one ``AppParts``, which the composition root (``services.py``) fills.
 """
 
@@ -39,6 +40,7 @@ from .embeddings_api import EncoderSource, embedding_routes
 from .errors import APIError
 from .health_api import Readiness, health_routes
 from .learner_api import learner_routes
+from .lora_api import lora_routes
 from .memory_api import memory_routes
 from .metrics import Metrics
 from .models_api import model_routes
@@ -70,6 +72,10 @@ class AppParts:
     """The adapter registry (``engines/adapters.py``), for listing and publishing adapters."""
     adapter_dirs: Sequence[Path] = ()
     """Folders a published adapter may be loaded from."""
+    loras: Any = None
+    """Adapters loaded and unloaded by name (``engines/lora_models.py``), for vLLM's load/unload routes."""
+    planner: str = ""
+    """The agent's Planner model id (``agent.roles.planner``): the ``mia`` card shows its context length."""
     memory: Any = None
     """The memory store's handle, for ``/v1/memory``."""
     start: Callable[[], Awaitable[None]] | None = None
@@ -85,13 +91,14 @@ def build_app(parts: AppParts) -> Starlette:
     admission = parts.admission or Admission(config.admission)
     routes: list[BaseRoute] = [
         *health_routes([("engine_not_ready", client), *parts.readiness], metrics),
-        *model_routes(client, has_agent=parts.agent is not None, encoder=parts.encoder),
+        *model_routes(client, has_agent=parts.agent is not None, encoder=parts.encoder, planner=parts.planner),
         *chat_routes(client, config, admission, metrics, parts.agent),
         *completion_routes(client, config, admission, metrics, has_agent=parts.agent is not None),
         *tokenize_routes(client, config),
         *(embedding_routes(parts.encoder, config) if parts.encoder is not None else []),
         *(learner_routes(parts.learner, client, config, admission) if parts.learner is not None else []),
         *(adapter_routes(parts.adapters, config, admission, parts.adapter_dirs) if parts.adapters is not None else []),
+        *(lora_routes(parts.loras, config, admission, parts.adapter_dirs) if parts.loras is not None else []),
         *(memory_routes(parts.memory, config, admission) if parts.memory is not None else []),
     ]
     routes.extend(openapi_routes(routes))

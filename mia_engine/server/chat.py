@@ -12,7 +12,8 @@ import msgspec
 
 from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
-                              InvalidGeneration, RoleClient, SamplingOptions)
+                              ChoiceReader, InvalidGeneration, ModelUnloaded, OutputReader, OutputReading, RoleClient,
+                              SamplingOptions)
 from .chat_messages import flatten_message, message_text, template_message, with_tool_fields
 from .completion_parts import choice_logprobs_out, encode_with_logprobs
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
@@ -20,10 +21,11 @@ from .images import image_param, image_parts, load_images
 from .limits import check_prompt_chars
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
-                            ChunkChoice, Delta, DeltaToolCall, Usage)
+                            ChunkChoice, Delta, Usage)
 from .sampling import constraint, sampling_options
 from .streaming import chain, sse
-from .tool_calls import NO_TOOLS, ToolMode, parse_tool_calls, parsed_tool_calls, tool_mode
+from .template_kwargs import template_kwargs_of
+from .tool_calls import NO_TOOLS, ToolMode, answer_message, delta_tool_calls, tool_mode
 
 
 class PreparedChat(msgspec.Struct):
@@ -40,6 +42,9 @@ class PreparedChat(msgspec.Struct):
     """Decoded images for the prompt's image placeholders, in order."""
     tools: ToolMode = NO_TOOLS
     """The request's tools and how its completion becomes tool calls."""
+    reader: OutputReader | None = None
+    """How its completions are read (the engine's reasoning and tool-call parsers, forced calls); None:
+    they are all content."""
 
 
 class Generation(NamedTuple):
@@ -62,14 +67,18 @@ class ChatService:
             raise BadRequest(f"n = {request.n} is more than this server allows ({self.config.max_n}).", param="n")
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
+        template_kwargs = template_kwargs_of(request)
         images = await self._images(request, role)
         tools = tool_mode(request, can_parse=bool(request.tools) and role.parses_tool_calls())
-        prompt_ids = await self._render(request, role, images, tools)
-        options = _options(request, self._max_tokens(request, role, len(prompt_ids)), tools)
-        if tools.parses and tools.tools and not role.skips_special_tokens(tools.tools):
-            options = msgspec.structs.replace(options, skip_special_tokens=False)
+        prompt_ids = await self._render(request, role, images, tools, template_kwargs)
+        reader = role.output_reader(OutputReading(prompt_ids, template_kwargs or {}, tools.tools, tools.calls,
+                                                  tools.named or ""))
+        options = msgspec.structs.replace(
+            _options(request, self._max_tokens(request, role, len(prompt_ids)), tools),
+            skip_special_tokens=reader is None or reader.skip_special_tokens,
+            reasoning_ended=reader is None or not reader.reads_reasoning, chat_template_kwargs=template_kwargs)
         return PreparedChat(request, role, prompt_ids, options,
-                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools)
+                            f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), images, tools, reader)
 
     async def _images(self, request: ChatCompletionRequest, role: RoleClient) -> list[Any]:
         """The request's decoded images (none for a text-only request; refused by a text model)."""
@@ -82,25 +91,28 @@ class ChatService:
         return [item.image for item in await load_images(request.messages, self.config.images)]
 
     async def _render(self, request: ChatCompletionRequest, role: RoleClient, images: list[Any],
-                      tools: ToolMode) -> list[int]:
-        """The prompt's token ids, by the model's chat template."""
+                      tools: ToolMode, template_kwargs: dict[str, Any] | None) -> list[int]:
+        """The prompt's token ids, by the model's chat template (with the request's template variables)."""
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
         check_prompt_chars(sum(len(message_text(m)) for m in request.messages),
                            role.max_model_len(), "messages", self.config.limits)
         try:
-            extra = {"tools": tools.tools} if tools.tools else {}
+            extra: dict[str, Any] = {"tools": tools.tools} if tools.tools else {}
+            if template_kwargs:
+                extra["chat_template_kwargs"] = template_kwargs
             return await role.render_chat(messages, **extra)
         except Exception as err:  # chat templates raise on sequences they don't accept
             raise BadRequest(f"The messages do not fit this model's chat template: {err}", param="messages") from None
 
     def _max_tokens(self, request: ChatCompletionRequest, role: RoleClient, num_prompt_tokens: int) -> int:
-        """The completion's budget: what the request asks (else what the context leaves), capped."""
+        """The completion's budget: what the request asks, else the role's ``sampling.max_tokens`` or what the
+        context leaves (as vLLM), capped by ``server.limits.max_tokens`` where the operator set one."""
         try:
             max_tokens = role.max_tokens_for(num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
-        return min(max_tokens, self.config.limits.max_tokens)  # a default budget is capped too
+        return capped_budget(max_tokens, self.config.limits.max_tokens)
 
     def vocab_size(self, model: str) -> int:
         """The vocabulary of ``model``'s engine in tokens; 0 for a model id not served (yet)."""
@@ -130,6 +142,8 @@ class ChatService:
             first = await anext(outputs)
         except StopAsyncIteration:
             first = []
+        except ModelUnloaded as err:  # unloaded between the request's model check and its start
+            raise NotFound(str(err), param="model", code="model_not_found") from None
         except InvalidGeneration as err:
             raise BadRequest(f"Invalid sampling parameters: {err}", param=err.param) from None
         except EngineUnavailable as err:
@@ -143,7 +157,7 @@ class ChatService:
             async for deltas in rest:
                 finals = deltas
         finals = sorted(finals, key=lambda d: d.index)
-        choices = [Choice(d.index, *await self._answer(chat, d.text, d.finish_reason)) for d in finals]
+        choices = [Choice(d.index, *await self._answer(chat, d)) for d in finals]
         usage = usage_of(chat, sum(d.num_tokens for d in finals))
         completion = ChatCompletion(chat.request_id, chat.created, chat.request.model, choices, usage)
         if chat.options.logprobs is None:
@@ -151,10 +165,9 @@ class ChatService:
         return await encode_with_logprobs(completion, [d.logprobs or [] for d in finals])
 
     async def stream(self, chat: PreparedChat, generation: Generation) -> AsyncIterator[bytes]:
-        """Server-sent events: a role chunk, content chunks, an optional usage chunk, ``[DONE]``. Under
-        ``tool_choice`` ``required``, a named function or ``auto``, a completion is held back and sent whole
-        in its last chunk, as ``tool_calls`` when it holds calls, else as content (``auto``'s parser reads the
-        finished text only).
+        """Server-sent events: a role chunk, a chunk per engine output (its thinking as
+        ``reasoning_content``, its content, the pieces of its calls as ``tool_calls``: a call's id and name,
+        then its arguments as they are generated), an optional usage chunk, ``[DONE]``.
 
         An engine failure after the first token cannot change the status code any more: it is sent as
         an ``{"error": ...}`` event, as OpenAI and vLLM do."""
@@ -162,16 +175,14 @@ class ChatService:
         first = [ChunkChoice(i, Delta(role="assistant", content="")) for i in range(chat.options.n)]
         yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, first)))
         num_tokens = 0
-        held = [CompletionDelta(i, "", 0, [] if chat.options.logprobs is not None else None)
-                for i in range(chat.options.n)]
+        choices = [_StreamedChoice(chat.reader.choice() if chat.reader is not None else None)
+                   for _ in range(chat.options.n)]
         async with aclosing(generation.rest) as rest:
             try:
                 async for deltas in chain(generation.first, rest):
                     for d in deltas:
                         num_tokens += d.num_tokens
-                        choice = await self._tool_chunk(chat, held[d.index], d) if chat.tools.is_read_whole \
-                            else ChunkChoice(d.index, Delta(content=d.text), d.finish_reason,
-                                             choice_logprobs_out(d.logprobs) if d.logprobs is not None else None)
+                        choice = choices[d.index].chunk(chat, d)
                         if choice is not None:
                             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [choice])))
             except (InvalidGeneration, EngineUnavailable) as err:
@@ -182,35 +193,13 @@ class ChatService:
             yield sse(encode(ChatCompletionChunk(chat.request_id, chat.created, model, [], usage)))
         yield b"data: [DONE]\n\n"
 
-    async def _answer(self, chat: PreparedChat, text: str,
-                      finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
-        """The assistant message of a whole completion and its finish reason: under ``auto`` the engine's
-        tool-call parser reads the calls (``tool_calls`` when it found some, as vLLM answers)."""
-        if not chat.tools.parses or not chat.tools.tools:
-            return _message(chat.tools, text, finish_reason)
-        found = await chat.role.extract_tool_calls(text, chat.tools.tools)
-        calls = parsed_tool_calls(found, chat.request.parallel_tool_calls)
-        if calls is None:
-            return AssistantMessage(content=found.content), finish_reason
-        return AssistantMessage(content=found.content, tool_calls=calls), "tool_calls"
-
-    async def _tool_chunk(self, chat: PreparedChat, held: CompletionDelta,
-                          delta: CompletionDelta) -> ChunkChoice | None:
-        """A completion read whole (``ToolMode.is_read_whole``) is sent in one chunk when it ends: ``delta``
-        is added to ``held`` (its text and log-probs so far) and the chunk comes with the last one (None
-        before)."""
-        held.text += delta.text
-        if held.logprobs is not None:
-            held.logprobs += delta.logprobs or []
-        if delta.finish_reason is None:
-            return None
-        message, reason = await self._answer(chat, held.text, delta.finish_reason)
-        logprobs = choice_logprobs_out(held.logprobs) if held.logprobs is not None else None
-        if isinstance(message.tool_calls, list):
-            calls = [DeltaToolCall(i, c.id, c.function) for i, c in enumerate(message.tool_calls)]
-            return ChunkChoice(delta.index, Delta(content=message.content or None, tool_calls=calls), reason,
-                               logprobs)
-        return ChunkChoice(delta.index, Delta(content=message.content or ""), reason, logprobs)
+    async def _answer(self, chat: PreparedChat, delta: CompletionDelta) -> tuple[AssistantMessage, str | None]:
+        """The assistant message of a whole completion and its finish reason, read by its engine's parsers
+        (the thinking, ``auto``'s calls, forced calls) where there is anything to read."""
+        if chat.reader is None:
+            return AssistantMessage(content=delta.text), delta.finish_reason
+        parsed = await chat.reader.choice().whole(delta.text, delta.token_ids)
+        return answer_message(chat.tools, parsed, delta.finish_reason, chat.request.parallel_tool_calls)
 
     async def _generate(self, role: RoleClient, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                         stream: bool, images: list[Any]) -> AsyncIterator[list[CompletionDelta]]:
@@ -241,7 +230,7 @@ class ChatService:
 
 
 _RAW_ONLY_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "top_k", "min_p",
-                    "repetition_penalty")
+                    "repetition_penalty", "chat_template_kwargs", "chat_template")
 
 
 def refuse_raw_only_fields(request: ChatCompletionRequest) -> None:
@@ -257,20 +246,43 @@ def refuse_raw_only_fields(request: ChatCompletionRequest) -> None:
                          param=param)
 
 
+class _StreamedChoice:
+    """One of a stream's ``n`` completions: its reader (None: all content) and whether it sent calls."""
+
+    def __init__(self, reader: ChoiceReader | None) -> None:
+        self._reader = reader
+        self._sent_calls = False
+
+    def chunk(self, chat: PreparedChat, delta: CompletionDelta) -> ChunkChoice | None:
+        """The chunk of the completion's next output; None when it has nothing to send yet (a parser holding
+        back a tag it has not read whole) and no log-probs or finish reason either."""
+        logprobs = choice_logprobs_out(delta.logprobs) if delta.logprobs is not None else None
+        if self._reader is None:
+            return ChunkChoice(delta.index, Delta(content=delta.text), delta.finish_reason, logprobs)
+        piece = self._reader.delta(delta.text, delta.token_ids, finished=delta.finish_reason is not None)
+        out = None
+        if piece is not None:
+            calls = delta_tool_calls(piece.tool_calls, chat.request.parallel_tool_calls)
+            self._sent_calls = self._sent_calls or calls is not None
+            if piece.reasoning is not None or piece.content is not None or calls is not None:
+                out = Delta(content=piece.content, tool_calls=calls, reasoning_content=piece.reasoning)
+        if out is None and delta.finish_reason is None and logprobs is None:
+            return None
+        reason = delta.finish_reason
+        if reason == "stop" and self._sent_calls and chat.tools.named is None:
+            reason = "tool_calls"  # as vLLM: "stop" for a named function
+        return ChunkChoice(delta.index, out or Delta(), reason, logprobs)
+
+
+def capped_budget(max_tokens: int, cap: int) -> int:
+    """A completion's budget under ``server.limits.max_tokens`` (0: no cap beyond the context)."""
+    return min(max_tokens, cap) if cap else max_tokens
+
+
 def _options(request: ChatCompletionRequest, max_tokens: int, tools: ToolMode) -> SamplingOptions:
     regex, json_schema = (None, tools.schema) if tools.calls_tools else constraint(request)
     return sampling_options(request, max_tokens=max_tokens, regex=regex, json_schema=json_schema,
                             logprobs=(request.top_logprobs or 0) if request.logprobs else None)
-
-
-def _message(tools: ToolMode, text: str, finish_reason: str | None) -> tuple[AssistantMessage, str | None]:
-    """The assistant message of a whole completion, and its finish reason (``tool_calls`` under
-    ``required``, ``stop`` for a named function, as OpenAI and vLLM answer)."""
-    calls = parse_tool_calls(tools, text) if tools.calls_tools else None
-    if calls is None:
-        return AssistantMessage(content=text), finish_reason
-    reason = "tool_calls" if tools.named is None and finish_reason == "stop" else finish_reason
-    return AssistantMessage(content="" if tools.named else None, tool_calls=calls), reason
 
 
 def usage_of(chat: PreparedChat, completion_tokens: int) -> Usage:

@@ -29,14 +29,14 @@ from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient,
 from .admission import Admission
 from .body import decode_body, read_body
 from .ignored_fields import warn_ignored
-from .chat import ChatService, Generation
+from .chat import ChatService, Generation, capped_budget
 from .completion_parts import encode_choices_apart
 from .sampling import constraint, sampling_options
 from .streaming import chain, sse
 from .chat_api import until_disconnect
 from .completion_bodies import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
-from .limits import check_prompt_chars, check_stop, check_structured
+from .limits import check_max_tokens, check_prompt_chars, check_stop, check_structured
 from .metrics import Metrics
 from .openai_bodies import MAX_INT, Usage
 from .openapi import ApiRoute
@@ -109,9 +109,7 @@ class CompletionHandlers:
         limits = self._config.limits
         if body.n > self._config.max_n:
             raise BadRequest(f"n = {body.n} is more than this server allows ({self._config.max_n}).", param="n")
-        if body.max_tokens is not None and body.max_tokens > limits.max_tokens:
-            raise BadRequest(f"max_tokens = {body.max_tokens} is more than this server allows ({limits.max_tokens}).",
-                             param="max_tokens", code="limit_exceeded")
+        check_max_tokens("max_tokens", body.max_tokens, limits)
         if body.best_of is not None and body.best_of not in (1, body.n):
             raise BadRequest("best_of other than n is not supported: every sampled sequence is returned.",
                              param="best_of")
@@ -141,7 +139,7 @@ class CompletionHandlers:
                 max_tokens = role.max_tokens_for(len(ids), body.max_tokens)
             except ContextLengthError as err:
                 raise BadRequest(str(err), param=param, code="context_length_exceeded") from None
-            max_tokens = min(max_tokens, self._config.limits.max_tokens)
+            max_tokens = capped_budget(max_tokens, self._config.limits.max_tokens)
             prompts.append(PreparedPrompt(ids, echo, msgspec.structs.replace(options, max_tokens=max_tokens)))
         return PreparedCompletion(body, role, prompts, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
 

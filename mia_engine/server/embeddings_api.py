@@ -21,16 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from ..config import ServerConfig
+from ..config import EMBEDDING_MODEL, ServerConfig
 from ..memory.embedder import EncoderBusy
 from .body import read_json
 from .errors import BadRequest, NotFound, TooManyRequests, Unavailable
 from .openapi import ApiRoute
 from .responses import json_response
-
-EMBEDDING_MODEL = "embedding"
-"""The model id of the sentence encoder (its folder name is accepted too)."""
-
 
 class SentenceEncoder(Protocol):
     """What the route needs of the memory's encoder (``memory.embedder.Embedder``)."""

@@ -9,6 +9,7 @@ from .errors import BadRequest
 from .completion_bodies import CompletionRequest
 from .grammar_cost import regex_cost, schema_cost, vocab_factor
 from .openai_bodies import ChatCompletionRequest
+from .template_kwargs import template_kwargs_of
 
 
 def _over(param: str, what: str, limit: int) -> BadRequest:
@@ -19,16 +20,22 @@ def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig, voca
     """Every per-request cap of ``LimitsConfig`` that a chat body can break (``n`` is the caller's);
     ``vocab_size``: the requested model's vocabulary in tokens (0: unknown), which scales grammar costs."""
     for param in ("max_tokens", "max_completion_tokens"):
-        value = getattr(request, param)
-        if value is not None and value > limits.max_tokens:
-            raise _over(param, f"{param} = {value}", limits.max_tokens)
+        check_max_tokens(param, getattr(request, param), limits)
     if request.rollouts is not None and request.rollouts > limits.max_rollouts:
         raise _over("rollouts", f"rollouts = {request.rollouts}", limits.max_rollouts)
     check_stop(request.stop, limits)
     check_structured(request, limits, vocab_size)
+    template_kwargs_of(request)
     if request.tools:  # under tool_choice required, every tool's schema is compiled together into one grammar
         check_schema("tools", [tool.function.parameters for tool in request.tools], limits, vocab_size)
     _check_ground_truth(request.ground_truth, limits)
+
+
+def check_max_tokens(param: str, value: int | None, limits: LimitsConfig) -> None:
+    """A requested budget over ``limits.max_tokens``, where the operator set one (0: only the context
+    bounds it, checked once the prompt is tokenised)."""
+    if value is not None and limits.max_tokens and value > limits.max_tokens:
+        raise _over(param, f"{param} = {value}", limits.max_tokens)
 
 
 def check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:

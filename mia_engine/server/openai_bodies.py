@@ -147,6 +147,12 @@ class ChatCompletionRequest(SamplingFields):
     structured outputs (as vLLM does); ``auto`` needs the engine's tool-call parser (a 400 without one)."""
     parallel_tool_calls: bool | None = None
     """``false``: at most one call under ``tool_choice`` ``required`` or ``auto``."""
+    chat_template_kwargs: dict[str, bool | int | float | str | None] | None = None
+    """vLLM's extension: variables of the chat template for this prompt, over the role's own
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``); bounded (``template_kwargs.py``)."""
+    chat_template: str | None = None
+    """vLLM's extension (a Jinja template for this request): refused with a 400, as ``vllm serve`` refuses it
+    without ``--trust-request-chat-template``."""
     functions: list | None = None
     """OpenAI's deprecated function calling: refused (use ``tools``)."""
     function_call: str | dict | None = None
@@ -190,6 +196,9 @@ class AssistantMessage(msgspec.Struct):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
+    reasoning_content: str | None | msgspec.UnsetType = msgspec.UNSET
+    """The thinking, split off by the engine's reasoning parser (``engines.<name>.reasoning_parser``; absent
+    without one)."""
 
 
 class Choice(msgspec.Struct):
@@ -216,11 +225,20 @@ class ChatCompletion(msgspec.Struct):
     """The research agent's trace (model ``mia`` only)."""
 
 
-class DeltaToolCall(msgspec.Struct):
+class DeltaFunctionCall(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+    """The next piece of the arguments' JSON text."""
+
+
+class DeltaToolCall(msgspec.Struct, omit_defaults=True):
+    """A piece of a streamed call: its first carries ``id``, ``type`` and ``function.name``, the later ones
+    ``function.arguments`` pieces only (OpenAI's stream format)."""
+
     index: int
-    id: str
-    function: FunctionCall
-    type: str = "function"
+    id: str | None = None
+    type: str | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
@@ -228,7 +246,8 @@ class Delta(msgspec.Struct, omit_defaults=True):
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
     reasoning_content: str | None = None
-    """Progress of the research agent, one line per stage, as reasoning models stream their thinking."""
+    """The thinking of a reasoning model (split off by its engine's reasoning parser), or the research
+    agent's progress, one line per stage."""
 
 
 class ChunkChoice(msgspec.Struct):
@@ -249,12 +268,20 @@ class ChatCompletionChunk(msgspec.Struct):
     """One research-agent stage event (model ``mia`` only)."""
 
 
-class ModelObject(msgspec.Struct):
+class ModelObject(msgspec.Struct, omit_defaults=False):
+    """One model id, with vLLM's ``ModelCard`` fields (``root``, ``parent``, ``max_model_len``)."""
+
     id: str
     owned_by: str
-    root: str
+    root: str | None
+    """A base model's Hugging Face id or folder; an adapter's folder for the admin scope (None for others,
+    as ``/v1/adapters`` hides it); ``mia`` for the agent."""
     created: int
     adapter_version: int | None = None
+    parent: str | None = None
+    """The base model id an adapter or role runs on; None for a base model, the agent and the encoder."""
+    max_model_len: int | None = None
+    """Context length in tokens of the id's engine (the Planner's for ``mia``); None for the encoder."""
     object: str = "model"
 
 

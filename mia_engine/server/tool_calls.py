@@ -2,22 +2,28 @@
 
 ``required`` and a named function are enforced by structured outputs (vLLM does the same for these two):
 the completion is constrained to JSON (a list of ``{"name", "parameters"}`` calls, or the named function's
-arguments) and turned into ``tool_calls``. ``auto`` (the default when ``tools`` are given) generates freely
-and the engine's tool-call parser (``EngineConfig.tool_call_parser``) reads the model's own call syntax
-out of the finished text; on an engine without one it is refused (400 naming ``tool_choice``), as
-``vllm serve`` refuses it without ``--tool-call-parser``.
+arguments) and always answered as ``tool_calls`` (streamed as they are generated: a call's id and name, then
+its arguments piece by piece). A completion ``max_tokens`` cuts short ends with ``finish_reason`` ``length``
+and the calls as far as they were generated (each call whose name was complete, its arguments cut), whole
+or streamed alike, as OpenAI and vLLM answer; no 4xx can follow once a stream has started, and a whole
+answer says the same as the stream would have. ``auto`` (the default when ``tools`` are given) generates
+freely and the engine's tool-call parser (``EngineConfig.tool_call_parser``) reads the model's own call
+syntax, streamed or whole; on an engine without one it is refused (400 naming ``tool_choice``), as
+``vllm serve`` refuses it without ``--tool-call-parser``. The reading itself is vLLM's
+(``engines/output_parsers.py``).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from ..engines.client import ExtractedToolCalls
+from ..engines.client import ParsedOutput, ParsedToolCall, ToolCallDelta
 from .errors import BadRequest
-from .openai_bodies import ChatCompletionRequest, FunctionCall, NamedToolChoice, Tool, ToolCall
+from .openai_bodies import (AssistantMessage, ChatCompletionRequest, DeltaFunctionCall, DeltaToolCall, FunctionCall,
+                            NamedToolChoice, Tool, ToolCall)
 
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -40,9 +46,13 @@ class ToolMode(NamedTuple):
         return self.schema is not None
 
     @property
-    def is_read_whole(self) -> bool:
-        """The completion becomes ``tool_calls`` only once it is whole (a stream sends it at its end)."""
-        return self.calls_tools or self.parses
+    def calls(self) -> Literal["none", "auto", "required", "named"]:
+        """How the completion holds calls (``client.OutputReading.calls``)."""
+        if self.parses:
+            return "auto"
+        if self.calls_tools:
+            return "required" if self.named is None else "named"
+        return "none"
 
 
 NO_TOOLS = ToolMode(None, None, None)
@@ -97,37 +107,40 @@ def _required_schema(tools: list[Tool], parallel: bool | None) -> dict:
     return schema
 
 
-def parse_tool_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
-    """The calls in a constrained completion; None when the text is not a whole call (e.g. cut by
-    ``max_tokens``), in which case the text is returned as content."""
-    if mode.named is not None:
-        try:
-            msgspec.json.decode(text)
-        except (msgspec.DecodeError, RecursionError):
-            return None
-        return [ToolCall(_call_id(), FunctionCall(mode.named, text))]
-    try:
-        calls = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    if not isinstance(calls, list):
-        return None
-    result = []
-    for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        arguments = msgspec.json.encode(call.get("parameters", {})).decode()
-        result.append(ToolCall(_call_id(), FunctionCall(call["name"], arguments)))
-    return result
+def answer_message(mode: ToolMode, parsed: ParsedOutput, finish_reason: str | None,
+                   parallel: bool | None) -> tuple[AssistantMessage, str | None]:
+    """The assistant message of a whole completion (read by its engine's parsers) and its finish reason:
+    ``tool_calls`` under ``required`` and under ``auto`` when calls were found, ``stop`` for a named function
+    (as OpenAI and vLLM answer); a cut completion keeps ``length``."""
+    reasoning = msgspec.UNSET if parsed.reasoning is None else parsed.reasoning
+    if mode.calls_tools:
+        calls = [ToolCall(c.id or _call_id(), FunctionCall(c.name, c.arguments)) for c in parsed.calls or []]
+        reason = "tool_calls" if mode.named is None and finish_reason == "stop" else finish_reason
+        return AssistantMessage(content="" if mode.named else None, tool_calls=calls,
+                                reasoning_content=reasoning), reason
+    found = parsed_tool_calls(parsed.calls, parallel) if mode.parses else None
+    if found is None:
+        return AssistantMessage(content=parsed.content, reasoning_content=reasoning), finish_reason
+    return AssistantMessage(content=parsed.content, tool_calls=found, reasoning_content=reasoning), "tool_calls"
 
 
-def parsed_tool_calls(found: ExtractedToolCalls, parallel: bool | None) -> list[ToolCall] | None:
+def parsed_tool_calls(calls: list[ParsedToolCall] | None, parallel: bool | None) -> list[ToolCall] | None:
     """The calls a tool-call parser read from an ``auto`` completion, as the API's (only the first with
     ``parallel_tool_calls: false``, as vLLM answers); None: it called none."""
-    if not found.calls:
+    if not calls:
         return None
-    calls = found.calls[:1] if parallel is False else found.calls
+    calls = calls[:1] if parallel is False else calls
     return [ToolCall(call.id or _call_id(), FunctionCall(call.name, call.arguments)) for call in calls]
+
+
+def delta_tool_calls(pieces: list[ToolCallDelta], parallel: bool | None) -> list[DeltaToolCall] | None:
+    """Streamed pieces of calls as the API's (only the first call's with ``parallel_tool_calls: false``, as
+    vLLM filters them); None: none."""
+    calls = [DeltaToolCall(p.index, p.id, "function" if p.id else None,
+                           DeltaFunctionCall(p.name, p.arguments) if p.name is not None or p.arguments is not None
+                           else None)
+             for p in pieces if parallel is not False or p.index == 0]
+    return calls or None
 
 
 def _call_id() -> str:

@@ -240,14 +240,14 @@ def test_deep_nesting_elsewhere_is_refused_or_ignored_not_raised() -> None:
     from mia_engine.memory.jsonl import decode_jsonl
     from mia_engine.server.sampling import constraint
     from mia_engine.server.ignored_fields import warn_ignored
-    from mia_engine.server.tool_calls import ToolMode, parse_tool_calls
+    from mia_engine.engines.output_parsers import ForcedCalls
 
     deep = _deep(5000, "array")
     with pytest.raises(InvalidMemory, match="line 1: arrays and objects are nested too deeply"):
         decode_jsonl(b'{"question":' + deep + b',"kind":"entry"}\n')  # before the tag: skipped, so nested
     warn_ignored("/v1/chat/completions", b'{"x":' + deep + b"}", ChatCompletionRequest)
-    assert parse_tool_calls(ToolMode(None, {}, None), deep.decode()) is None
-    assert parse_tool_calls(ToolMode(None, {}, "f"), deep.decode()) is None
+    assert ForcedCalls(None, None).whole(deep.decode()) == []  # not a list of calls
+    assert [c.arguments for c in ForcedCalls("f", None).whole(deep.decode())] == [deep.decode()]  # read, not parsed
     request = msgspec.json.decode(VALID["/v1/chat/completions"].replace(
         b"@@", b',"structured_outputs":{"json":"' + deep + b'"}'), type=ChatCompletionRequest)
     with pytest.raises(BadRequest, match="structured_outputs.json is not valid JSON"):

@@ -38,8 +38,6 @@ def _assert_refused(response: httpx.Response, status: int, param: str) -> None:
 
 @pytest.mark.parametrize("extra, param", [
     ({"n": 17}, "n"),
-    ({"max_tokens": LIMITS.max_tokens + 1}, "max_tokens"),
-    ({"max_completion_tokens": LIMITS.max_tokens + 1}, "max_completion_tokens"),
     ({"stop": ["x"] * (LIMITS.max_stop_sequences + 1)}, "stop"),
     ({"stop": "x" * (LIMITS.max_stop_chars + 1)}, "stop"),
     ({"structured_outputs": {"regex": "a" * (LIMITS.max_regex_chars + 1)}}, "structured_outputs.regex"),
@@ -48,14 +46,44 @@ def _assert_refused(response: httpx.Response, status: int, param: str) -> None:
     ({"structured_outputs": {"json": {"enum": ["v" * LIMITS.max_json_schema_bytes]}}}, "structured_outputs.json"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
         "enum": ["v" * LIMITS.max_json_schema_bytes]}}}}, "response_format.json_schema.schema"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {f"k{i}": i for i in range(17)}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"persona": "x" * 1025}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"persona": {"nested": 1}}}, "chat_template_kwargs[...]"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
 ])
 def test_chat_limits(tiny_server, extra: dict, param: str) -> None:
     _assert_refused(_post(tiny_server, "/chat/completions", {"model": "planner", "messages": PROMPT, **extra}),
                     400, param)
 
 
+@pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
+def test_a_server_wide_max_tokens_is_an_explicit_setting(param: str) -> None:
+    """None by default (0), as ``vllm serve`` has none: a budget is bounded by the context only."""
+    request = msgspec.convert({"model": "planner", "messages": PROMPT, param: 100_000}, ChatCompletionRequest)
+    assert LIMITS.max_tokens == 0
+    check_chat_limits(request, LIMITS)
+    with pytest.raises(BadRequest) as refused:
+        check_chat_limits(request, LimitsConfig(max_tokens=4096))
+    assert refused.value.param == param and refused.value.code == "limit_exceeded"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/chat/completions", {"messages": PROMPT}, "messages"),
+    ("/completions", {"prompt": "hello"}, "prompt"),
+])
+def test_max_tokens_past_the_context_is_a_400_naming_the_prompt(tiny_server, path: str, body: dict,
+                                                                 param: str) -> None:
+    """Past the old server-wide 4096 and past what the tiny model's context (4096) leaves: refused as vLLM
+    refuses it, by the context."""
+    response = _post(tiny_server, path, {"model": "planner", "max_tokens": 5000, **body})
+    _assert_refused(response, 400, param)
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"rollouts": LIMITS.max_rollouts + 1}, "rollouts"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),  # the agent renders its own
     ({"ground_truth": ["x" * (LIMITS.max_ground_truth_chars + 1)]}, "ground_truth"),
     ({"messages": [{"role": "user", "content": "why " * LIMITS.max_question_chars}]}, "messages[0].content"),
 ])

@@ -353,12 +353,18 @@ def test_a_kubernetes_secret_mount_is_read_by_a_non_root_server() -> None:
         shutil.rmtree(mount)
 
 
-def test_short_keys_and_an_admin_key_equal_to_the_api_key_are_refused(tmp_path: Path) -> None:
+def test_short_keys_beyond_loopback_and_an_admin_key_equal_to_the_api_key_are_refused(tmp_path: Path) -> None:
+    """A short key (vLLM's docs use ``--api-key token-abc123``) is a warning on loopback and refused on a bind
+    that other machines reach."""
     argv = ["serve", "--config", "tiny"]
-    with pytest.raises(ConfigError, match="^server.api_key: 8 characters; use at least 16"):
-        parse_config(argv, environ={"MIA_API_KEY": "test-key"})
-    with pytest.raises(ConfigError, match="^server.admin_api_key: 5 characters"):
-        parse_config(argv, environ={"MIA_ADMIN_API_KEY": "admin"})
+    args, _ = parse_config(argv, environ={"MIA_API_KEY": "test-key"})
+    assert args.key_warnings == ["server.api_key: 8 characters, accepted on loopback only; use at least 16 (python "
+                                 "-c 'import secrets; print(secrets.token_urlsafe(32))')"]
+    exposed = [*argv, "--host", "0.0.0.0"]
+    with pytest.raises(ConfigError, match="^server.api_key: 8 characters, on 0.0.0.0, which other machines reach"):
+        parse_config(exposed, environ={"MIA_API_KEY": "test-key"})
+    with pytest.raises(ConfigError, match="^server.admin_api_key: 5 characters, on 0.0.0.0"):
+        parse_config(exposed, environ={"MIA_API_KEY": "a-long-enough-api-key", "MIA_ADMIN_API_KEY": "admin"})
     same = "the-same-key-for-both-scopes"
     with pytest.raises(ConfigError, match="^server.admin_api_key: equals server.api_key"):
         parse_config(argv, environ={"MIA_API_KEY": same, "MIA_ADMIN_API_KEY": same})

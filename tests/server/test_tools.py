@@ -1,6 +1,6 @@
 """``tools`` / ``tool_choice`` on the raw roles: ``required`` and a named function through structured outputs,
-``auto`` through the engine's tool-call parser (Hermes on the tiny engine), everything else a 400 naming the
-field, never dropped."""
+``auto`` through the engine's tool-call parser (Hermes on the tiny engine), streamed call by call as they are
+generated (id and name, then argument pieces), everything else a 400 naming the field, never dropped."""
 
 from __future__ import annotations
 
@@ -61,16 +61,55 @@ def test_named_function_is_called(openai_client: OpenAI) -> None:
     assert out.choices[0].finish_reason == "stop"
 
 
-def test_required_streams_its_calls(openai_client: OpenAI) -> None:
-    chunks = list(openai_client.chat.completions.create(
-        model="executor", messages=CHAT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
-        max_tokens=200, temperature=0, stream=True, logprobs=True))
-    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
-    (last,) = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
-    assert len(last.logprobs.content) > 5  # every token of the call, held back with it
-    assert calls and calls[0].function.name == "get_weather"
-    assert json.loads(calls[0].function.arguments)["city"] in CITIES
+def _streamed_call(chunks: list) -> tuple[str, str, int]:
+    """A stream's one call: (its name, its arguments joined, the chunks that carried it). The first piece
+    carries the id, type and name, the later ones argument text only (OpenAI's stream format)."""
+    pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    assert pieces and pieces[0].id and pieces[0].type == "function" and pieces[0].function.name
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in pieces[1:])
+    return pieces[0].function.name, "".join(p.function.arguments or "" for p in pieces), len(pieces)
+
+
+def test_required_streams_its_call_as_it_is_generated(openai_client: OpenAI) -> None:
+    kwargs = dict(model="executor", messages=CHAT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                  max_tokens=200, temperature=0)
+    chunks = list(openai_client.chat.completions.create(**kwargs, stream=True, logprobs=True))
+    name, arguments, num_pieces = _streamed_call(chunks)
+    assert num_pieces > 1  # the arguments in pieces, not the whole call at the end
+    assert name == "get_weather" and json.loads(arguments)["city"] in CITIES
+    assert sum(len(c.choices[0].logprobs.content) for c in chunks if c.choices and c.choices[0].logprobs) > 5
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    (whole,) = openai_client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    assert whole.function.arguments == arguments  # the same call, whole
+
+
+def test_a_named_function_streams_its_arguments(openai_client: OpenAI) -> None:
+    chunks = list(openai_client.chat.completions.create(
+        model="planner", messages=CHAT, tools=[WEATHER, TIME], max_tokens=200, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    name, arguments, num_pieces = _streamed_call(chunks)
+    assert name == "get_time" and num_pieces > 1 and isinstance(json.loads(arguments)["utc"], bool)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_max_tokens_ends_with_length_and_what_was_written(openai_client: OpenAI,
+                                                                                stream: bool) -> None:
+    """No 4xx can follow a started stream; a whole answer says what the stream would have: the call, its
+    arguments as far as they were generated, and ``finish_reason`` ``length``."""
+    kwargs = dict(model="planner", messages=CHAT, tools=[WEATHER], max_tokens=3, temperature=0,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    if stream:
+        chunks = list(openai_client.chat.completions.create(**kwargs, stream=True))
+        name, arguments, _ = _streamed_call(chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        choice = openai_client.chat.completions.create(**kwargs).choices[0]
+        ((name, arguments),) = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        reason = choice.finish_reason
+    assert reason == "length" and name == "get_weather" and arguments.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(arguments)  # cut
 
 
 def test_a_tool_result_continues_the_conversation(openai_client: OpenAI) -> None:
@@ -140,15 +179,16 @@ def test_auto_reads_the_models_own_call_into_tool_calls(openai_client: OpenAI) -
     assert choice.message.content is None
 
 
-def test_auto_streams_the_parsed_calls_whole_in_the_last_chunk(openai_client: OpenAI) -> None:
+def test_auto_streams_the_parsed_call_in_pieces(openai_client: OpenAI) -> None:
+    """Through the parser's ``extract_tool_calls_streaming``, as vLLM's serving streams it: the call's tags are
+    held back, then its id and name, then its arguments piece by piece."""
     chunks = list(openai_client.chat.completions.create(
         model="manager", messages=CHAT, tools=[WEATHER], max_tokens=128, temperature=0, stream=True,
         extra_body={"structured_outputs": FORCED_CALL}))
-    held = [c.choices[0] for c in chunks if c.choices and (c.choices[0].delta.content or c.choices[0].delta.tool_calls)]
-    (last,) = held
-    (call,) = last.delta.tool_calls
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in CITIES
-    assert last.finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)  # the tags are not content
+    name, arguments, num_pieces = _streamed_call(chunks)
+    assert name == "get_weather" and json.loads(arguments)["city"] in CITIES and num_pieces > 1
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 class _NoParser(RolesByName):
