@@ -186,7 +186,8 @@ def _run_install(tmp_path: Path, has_gpu: bool) -> tuple[subprocess.CompletedPro
     log = tmp_path / "calls.log"
     fake_python = bin_dir / "fake-python"
     fake_python.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$1" in scripts/cuda_stack.py) '
-                           f'exec {sys.executable} "$@" --cuda 13.0;; esac\nexit 0\n')
+                           f'exec {sys.executable} "$@" --cuda 13.0;; esac\n'
+                           f'case "$2" in *libc_ver*) echo "3.11 glibc 2.39";; esac\nexit 0\n')  # the platform probe
     fake_python.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(fake_python),
            "MIA_INSTALL_TCMALLOC": "0", "MIA_INSTALL_FLASH_ATTN": "0"}
