@@ -331,7 +331,8 @@ _COMMANDS: dict[str, _Command] = {}
 def command_fixture(name: str, make: Callable[[Path], tuple[list[str], dict[str, str]]], *, start_with: str,
                     timeout_s: float):
     """A module fixture ``name``: the ``CommandRun`` of ``make(folder)`` (its arguments and environment), started
-    ahead with the first test of the module ``start_with`` (a node id) where that module runs first."""
+    ahead with the first test of the module ``start_with`` (a node id) where that module runs first (empty: with
+    the session's first test)."""
     command = _Command(name, make, start_with, timeout_s)
     _COMMANDS[name] = command
 
@@ -346,7 +347,8 @@ def command_fixture(name: str, make: Callable[[Path], tuple[list[str], dict[str,
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for command in _COMMANDS.values():
-        if command.wanted and command.process is None and item.nodeid.startswith(command.start_with + "::"):
+        if command.wanted and command.process is None and (not command.start_with
+                                                           or item.nodeid.startswith(command.start_with + "::")):
             command.start(item.config._tmp_path_factory)  # type: ignore[attr-defined]
 
 

