@@ -48,7 +48,12 @@ def model_dir(spec: str, home: Path, *, download: Literal["", "config", "all"] =
     if not is_hf_model_id(spec):
         raise FileNotFoundError(f"{spec}: not a local model folder (no config.json) nor a Hugging Face model id")
     if download and not hf_offline():
-        return hf_download(spec, config_only=download == "config")
+        try:
+            return hf_download(spec, config_only=download == "config")
+        except OSError as err:  # huggingface_hub's errors: not found, gated, no connection (after its retries)
+            raise FileNotFoundError(f"{spec}: not in the Hugging Face cache, and fetching it from the Hub failed "
+                                    f"({type(err).__name__}); check the id and the connection, or put the model in "
+                                    "the cache first (`hf download`) and set HF_HUB_OFFLINE=1") from None
     cached = hf_cache_dir(spec)
     if cached is None:
         how = ("HF_HUB_OFFLINE=1 is set: unset it to download it, or run `hf download " f"{spec}` first"
