@@ -72,6 +72,13 @@ class LimitsConfig(Frozen):
     and no natural text averages this many characters a token."""
     max_ground_truth_chars: int = 4096
     """Most characters over all ``ground_truth`` answers."""
+    max_completion_choices: int = 128
+    """Most choices (prompts x ``n``) of one ``/v1/completions`` request: each is an engine request running
+    under the request's one model slot, so a list of prompts could otherwise put thousands on an engine past
+    every concurrency bound (the default is ``admission.max_concurrent_per_model``'s)."""
+    max_embedding_inputs: int = 2048
+    """Most texts in one ``/v1/embeddings`` request (OpenAI's own limit): they are encoded as one job on the
+    memory's shared encoder, which the agent's retrieval waits behind."""
     max_grpo_groups: int = 16
     """Most groups in one ``POST /v1/adapters/{role}/grpo``."""
     max_grpo_completions: int = 16

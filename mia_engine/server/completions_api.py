@@ -117,6 +117,11 @@ class CompletionHandlers:
             raise BadRequest("suffix (fill in the middle) is not supported by these models.", param="suffix")
         if body.echo and body.logprobs is not None:
             raise BadRequest("echo with logprobs (the prompt's log-probs) is not supported.", param="echo")
+        choices = len(_prompts(body.prompt)) * body.n
+        if choices > limits.max_completion_choices:
+            raise BadRequest(f"{choices} choices (prompts x n) in one request; this server takes at most "
+                             f"{limits.max_completion_choices} (server.limits.max_completion_choices).", param="prompt",
+                             code="limit_exceeded")
         check_stop(body.stop, limits)
         check_structured(body, limits, role.vocab_size())
         return role

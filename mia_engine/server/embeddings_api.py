@@ -106,6 +106,11 @@ class EmbeddingHandlers:
             raise BadRequest(f"dimensions = {body.dimensions}: this encoder's vectors have {encoder.dim} and cannot "
                              "be shortened.", param="dimensions")
         texts = [body.input] if isinstance(body.input, str) else body.input
+        cap = self._config.limits.max_embedding_inputs
+        if len(texts) > cap:
+            raise BadRequest(f"input has {len(texts)} texts; this server takes at most {cap} per request "
+                             "(server.limits.max_embedding_inputs).", param="input",
+                             code="limit_exceeded")
         try:
             vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread
         except EncoderBusy as err:

@@ -83,6 +83,8 @@ def test_completion_logprobs_and_echo(openai_client: OpenAI) -> None:
     ({"suffix": "the end"}, "suffix"),
     ({"best_of": 3}, "best_of"),
     ({"prompt": [PROMPT, 5]}, "prompt"),
+    ({"prompt": ["x"] * 129}, "prompt"),  # server.limits.max_completion_choices: each is an engine request
+    ({"prompt": ["x"] * 9, "n": 16}, "prompt"),  # 144 choices
     ({"logit_bias": {"river": 5}}, "logit_bias"),
 ])
 def test_completion_refusals_name_the_field(tiny_server: ServerHandle, body: dict, param: str) -> None:

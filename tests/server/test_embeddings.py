@@ -54,3 +54,13 @@ def test_listed_in_models_and_dimensions_refused(openai_client: OpenAI, tiny_ser
     assert other.status_code == 400 and other.json()["error"]["param"] == "dimensions"
     unknown = _post(tiny_server, {"model": "planner", "input": "x"})
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"
+
+
+def test_more_inputs_than_the_cap_are_refused_before_any_encoding(tiny_server: ServerHandle) -> None:
+    """server.limits.max_embedding_inputs (2048, OpenAI's limit): a list of millions of one-character texts would
+    hold the memory's shared encoder for minutes."""
+    refused = _post(tiny_server, {"model": "embedding", "input": ["x"] * 2049})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input", refused.text
+    assert "server.limits.max_embedding_inputs" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["code"] == "limit_exceeded"
+    assert _post(tiny_server, {"model": "embedding", "input": ["x"] * 2048}).status_code == 200
