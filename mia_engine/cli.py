@@ -29,7 +29,7 @@ from . import __version__
 from .base import logs
 from .base.config_docs import plain, render_markdown, render_toml
 from .config import (ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value,
-                     resolve_role)
+                     planner_engine)
 from .config.flags import EVERY_ENGINE, add_engine_flags, engine_flag_overrides
 from .config.served_model import ModelFacts
 from .config.vllm_args import ENGINE_ARGS
@@ -224,7 +224,7 @@ def with_gpu_share(config: MIAConfig, overrides: Mapping[str, Any], *, is_dry_ru
 
     if any(key.endswith(".gpu_memory_utilization") for key in overrides):
         return config
-    name = resolve_role(config, config.agent.roles.planner)[1].engine
+    name = planner_engine(config)
     engine = config.engines[name]
     if is_dry_run:
         capacity = int(config.gpus.memory_gib * GIB)

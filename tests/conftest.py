@@ -52,6 +52,11 @@ class ServerHandle:
     def openai_url(self) -> str:
         return f"{self.base_url}/v1"
 
+    def admin_post(self, path: str, body: dict | None = None) -> httpx.Response:
+        """``POST /v1<path>`` with ``body`` as JSON under the admin key."""
+        return httpx.post(f"{self.openai_url}{path}", json=body or {}, timeout=300,
+                          headers={"Authorization": f"Bearer {self.admin_key}"})
+
     def generated_admin_key(self) -> str:
         """The admin key ``serve`` generated at first start, where it was given none."""
         return (self.data_dir / "admin_api_key").read_text().strip()

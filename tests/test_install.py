@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from tests.conftest import CommandRun, command_fixture
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SH = ROOT / "scripts" / "install.sh"
@@ -39,14 +39,7 @@ PYPI_FILES = "files.pythonhosted.org"
 REFUSED = "http://127.0.0.1:9/simple"  # the discard port: refused at once
 
 
-def _load_install_torch():
-    spec = importlib.util.spec_from_file_location("install_torch", ROOT / "scripts" / "install_torch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-install_torch = _load_install_torch()
+install_torch = load_script("install_torch")
 
 
 def script_value(name: str) -> str:

@@ -22,19 +22,13 @@ from packaging.utils import canonicalize_name
 
 from mia_engine.base import packages
 from mia_engine.config import load_config
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 
 
-def _load_cuda_stack():
-    spec = importlib.util.spec_from_file_location("cuda_stack", ROOT / "scripts" / "cuda_stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-cuda_stack = _load_cuda_stack()
+cuda_stack = load_script("cuda_stack")
 
 
 # --- CUDA majors of requirement strings (pure) ---

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -173,11 +172,6 @@ def test_the_init_adapter_is_created_once_and_reused(tmp_path: Path, caplog: pyt
     assert initial_adapter(base, tmp_path / "init", "planner", 16) != first  # another rank, another adapter
 
 
-def _admin(server, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{server.openai_url}{path}", json=body, timeout=300,
-                      headers={"Authorization": f"Bearer {server.admin_key}"})
-
-
 @pytest.mark.slow
 def test_serve_a_folder_then_its_hub_id_learning_on_the_adapter_made_at_the_first_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,8 +220,8 @@ def test_serve_a_folder_then_its_hub_id_learning_on_the_adapter_made_at_the_firs
                                            top_logprobs=6)
         completions = [{"text": t, "reward": r} for t, r in (("Search the founding year first.", 1.0),
                                                               ("Ask.", 0.0), ("Compare dates.", 0.0))]
-        update = _admin(server, "/adapters/planner/grpo", {"groups": [{"messages": PROMPT,
-                                                                       "completions": completions}]})
+        update = server.admin_post("/adapters/planner/grpo", {"groups": [{"messages": PROMPT,
+                                                                          "completions": completions}]})
         assert update.status_code == 200 and update.json()["is_published"], update.text
         learned = _openai(server, 300, server.admin_key).chat.completions.create(
             model="mia", messages=PROMPT, extra_body={"rollouts": 2, "learn": True, "ground_truth": ["1088"]})

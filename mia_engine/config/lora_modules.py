@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from .errors import ConfigError
-from .root import RESERVED_MODEL_IDS, MIAConfig, resolve_role
+from .root import RESERVED_MODEL_IDS, MIAConfig, planner_engine
 
 FLAG = "--lora-modules"
 MAX_NAME_CHARS = 256
@@ -55,10 +55,7 @@ def default_lora_engine(config: MIAConfig) -> str:
     engine of ``agent.roles.planner``: a role's, or the engine it names); empty when neither is known."""
     if len(config.engines) == 1:
         return next(iter(config.engines))
-    planner = config.agent.roles.planner
-    if planner in config.roles:
-        return resolve_role(config, planner)[1].engine
-    return next((name for name, engine in config.engines.items() if planner in engine.model_ids(name)), "")
+    return planner_engine(config)
 
 
 def _entries(value: str) -> list[tuple[str, str, str]]:

@@ -132,6 +132,13 @@ def _check_role(config: MIAConfig, name: str, role: RoleConfig) -> None:
         raise ConfigError(f"{prefix}.adapter: engine {role.engine!r} has enable_lora = false")
 
 
+def planner_engine(config: MIAConfig) -> str:
+    """The engine the agent's Planner runs on: ``agent.roles.planner`` names a role (followed through its
+    alias) or an engine."""
+    planner = config.agent.roles.planner
+    return resolve_role(config, planner)[1].engine if planner in config.roles else planner
+
+
 def resolve_role(config: MIAConfig, name: str) -> tuple[str, RoleConfig]:
     """Follow an alias: ``judge`` -> (``manager``, manager's config)."""
     role = config.roles[name]

@@ -40,7 +40,7 @@ from typing import get_args
 
 import msgspec
 
-from ..config import ConfigError, EngineConfig, MIAConfig, resolve_role
+from ..config import ConfigError, EngineConfig, MIAConfig, planner_engine
 from ..devices import gpu_index, resolved_devices, serving_device_fields
 from ..config.learner import LearnerConfig
 from ..config.memory import EmbedderConfig, MemoryConfig
@@ -346,8 +346,7 @@ def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], m
                            gpus: dict[str, GpuBudget]) -> None:
     by_field: dict[str, list[Item]] = {}
     if gpu_index(config.learner.device) is not None:
-        planner = config.agent.roles.planner
-        engine_name = resolve_role(config, planner)[1].engine
+        engine_name = planner_engine(config)
         engine = config.engines[engine_name]
         by_field["learner.device"] = learner_items(config.learner, shapes[engine_name], engine.max_lora_rank,
                                                    engine.max_model_len)

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from mia_engine.agent.llm import Completion, complete_ids
 from mia_engine.config import ConfigError, load_config
@@ -17,21 +16,11 @@ from mia_engine.deploy.engines import check_engine_parsers
 from mia_engine.engines.client import CompletionDelta, OutputReading
 from mia_engine.engines.output_parsers import EngineParsers
 from mia_engine.engines.tool_parsers import check_parser_names
-from mia_engine.models.tiny import build_tiny
 from tests.fakes import RolesByName
+from tests.engines.conftest import CALL, WEATHER
 from tests.processes import refused_serve
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 THOUGHT = "<think>Paris is in France.</think>"
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    out = tmp_path_factory.mktemp("tiny")
-    build_tiny(out)
-    return AutoTokenizer.from_pretrained(Path(out) / "base")
 
 
 @pytest.fixture(scope="module")

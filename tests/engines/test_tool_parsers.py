@@ -9,29 +9,18 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from mia_engine.config import ConfigError, load_config
 from mia_engine.deploy.engines import check_engine_parsers
 from mia_engine.engines.client import OutputReading
 from mia_engine.engines.output_parsers import EngineParsers, RequestReader
 from mia_engine.engines.tool_parsers import check_parser_names
-from mia_engine.models.tiny import build_tiny
 from mia_engine.server.openai_bodies import ToolCall
 from mia_engine.server.tool_calls import parsed_tool_calls
 
+from tests.engines.conftest import CALL, WEATHER
 from tests.processes import refused_serve
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    out = tmp_path_factory.mktemp("tiny")
-    build_tiny(out)
-    return AutoTokenizer.from_pretrained(Path(out) / "base")
 
 
 @pytest.fixture(scope="module")

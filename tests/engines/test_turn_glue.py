@@ -5,17 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from mia_engine.engines.role_handle import turn_glue
-from mia_engine.models.tiny import build_tiny
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    out = tmp_path_factory.mktemp("tiny")
-    build_tiny(out)
-    return AutoTokenizer.from_pretrained(Path(out) / "base")
 
 
 def _render(tokenizer, messages: list[dict[str, str]]) -> list[int]:

@@ -22,8 +22,7 @@ def _first_token(client: OpenAI) -> dict[str, float]:
 
 
 def _post(server, path: str, body: dict | None = None) -> httpx.Response:
-    return httpx.post(f"{server.openai_url}{path}", json=body or {}, timeout=300,
-                      headers={"Authorization": f"Bearer {server.admin_key}"})
+    return server.admin_post(path, body)
 
 
 def _grpo(server, winner: str, losers: list[str], reward: str = "1.0") -> httpx.Response:
