@@ -25,6 +25,10 @@ class Completion(msgspec.Struct, frozen=True):
     content: str | None = None
     """The text after its thinking, as the engine's reasoning parser reads it (``engines.<name>.reasoning_parser``,
     the chat API's ``message.content``); None on an engine without one, or for a constrained call."""
+    logprobs: list[float] | None = None
+    """Each sampled token's log-prob as the engine's sampler computed it (after any structured-output mask,
+    before temperature: vLLM's ``raw_logprobs``), one per ``token_ids`` entry; None unless the options asked
+    for ``logprobs``."""
 
     @property
     def after_thinking(self) -> str:
@@ -35,12 +39,13 @@ class Completion(msgspec.Struct, frozen=True):
 
 def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | None = None,
                      regex: str | None = None, json_schema: dict | None = None,
-                     temperature: float | None = None, affinity_key: str | None = None) -> SamplingOptions:
+                     temperature: float | None = None, affinity_key: str | None = None,
+                     logprobs: int | None = None) -> SamplingOptions:
     """A role's configured sampling as per-request options (``temperature`` overrides the config;
     ``affinity_key`` sends every call with the same key to the same data-parallel replica). On an engine with
     a reasoning parser, a constraint applies from the first token (the loop's regexes spell out any think
     block they allow, as on an engine without one), and free text comes with its thinking split off
-    (``Completion.content``)."""
+    (``Completion.content``). ``logprobs``: 0 asks for each sampled token's log-prob (``Completion.logprobs``)."""
     return SamplingOptions(
         n=n,
         temperature=sampling.temperature if temperature is None else temperature,
@@ -50,6 +55,7 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
         regex=regex,
         json_schema=json_schema,
         affinity_key=affinity_key,
+        logprobs=logprobs,
         reasoning_ended=True,
         split_thinking=regex is None and json_schema is None,
     )
@@ -93,5 +99,6 @@ async def complete_ids(
         async for deltas in outputs:
             for delta in deltas:
                 if 0 <= delta.index < len(completions):  # non-streaming: each delta is a whole completion
-                    completions[delta.index] = Completion(delta.text, list(delta.token_ids), delta.content)
+                    logprobs = [t.logprob for t in delta.logprobs] if delta.logprobs is not None else None
+                    completions[delta.index] = Completion(delta.text, list(delta.token_ids), delta.content, logprobs)
     return completions
