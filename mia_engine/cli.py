@@ -160,20 +160,34 @@ def _doctor_checks(text: str) -> tuple[str, ...]:
 
 
 def _eval_parser(sub: Any) -> None:
-    from .evals.evaluate import MODES
+    from .evals.results import METRICS, MODES
 
     cmd = sub.add_parser("eval", help="answer quality: bare model, ReAct, MIA G=1/G=4, and test-time learning "
                          "(supervised, unsupervised) on the same questions; a table, JSON and a PNG")
     _common(cmd)
     cmd.add_argument("--dataset", required=True, help="a .jsonl/.parquet file with answers, or fanoutqa-dev")
     cmd.add_argument("--split", default="all",
-                     help="only the rows whose 'split' field says so, e.g. dev, heldout (bench/devset_wiki.jsonl) or "
-                          "popular, longtail (bench/devset_popularity.jsonl); all = every row (default: %(default)s)")
+                     help="only the rows whose 'split' field says so, e.g. dev, heldout (bench/devset_wiki.jsonl), "
+                          "popular, longtail (bench/devset_popularity.jsonl) or yesno-dev, comparison-heldout, "
+                          "numeric-dev (bench/devset_types.jsonl); all = every row (default: %(default)s)")
     cmd.add_argument("--limit", type=int, default=None, help="only the first N questions (of the split)")
     cmd.add_argument("--epochs", type=int, default=3, help="test-time-learning epochs (default %(default)s)")
     cmd.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), metavar="MODE",
                      help=f"any of {', '.join(MODES)} (default: all)")
     cmd.add_argument("--concurrency", type=int, default=8, help="questions in flight (default %(default)s)")
+    cmd.add_argument("--metric", choices=METRICS, default="match",
+                     help="the headline metric of the table, pairing and plot: match (normalised exact or contains), "
+                          "exact, or judge (the paper's LLM judge prompt grades every answer; match and exact are "
+                          "recorded beside it) (default %(default)s)")
+    cmd.add_argument("--judge-role", default="manager",
+                     help="who grades with --metric judge: a loop role (manager, judge, planner, ...) or a role id "
+                          "of the config (default %(default)s, the paper's judge LLM)")
+    cmd.add_argument("--ttl-eval-split", default=None, metavar="SPLIT",
+                     help="a split test-time learning never learns from: measured after each epoch, and by the "
+                          "baselines, beside the learned --split (default: none)")
+    cmd.add_argument("--seeds", type=int, default=1,
+                     help="runs of everything, run i with i added to every seed; rates as median (min-max) "
+                          "(default %(default)s)")
     cmd.add_argument("--out", type=Path, default=Path("eval_results.json"), help="results JSON (default %(default)s)")
     cmd.add_argument("--plot", type=Path, default=Path("eval_accuracy.png"),
                      help="accuracy-by-epoch PNG (default %(default)s)")
@@ -402,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
         from .evals.evaluate import EvalOptions, main as evaluate
 
-        evaluate(config, args.config, overrides, EvalOptions(args.dataset, args.out, args.plot, args.split, args.limit,
-                                                             args.epochs, tuple(args.modes), args.concurrency))
+        evaluate(config, args.config, overrides, EvalOptions(
+            args.dataset, args.out, args.plot, args.split, args.limit, args.epochs, tuple(args.modes), args.concurrency,
+            args.metric, args.judge_role, args.ttl_eval_split, args.seeds))
     elif args.command == "index" and args.images is not None:
         from .index import build_images
 

@@ -46,6 +46,8 @@ ALLOWED_DIFFERENCES = {
     "learner.batch_size": "a few questions publish",
     "tools.max_passages": "a slice of the corpus, built in seconds",
     "agent.supervised_judge": "the tiny judge grades every answer correct: rewards would never differ",
+    "agent.structured_executor": "the random Executor writes a parseable turn only under structured outputs",
+    "agent.force_final_answer": "the random Executor never stops searching by itself: the cap's last turn answers",
     **{f"agent.{field}": "the tiny models' budgets (configs/tiny.toml)" for field in (
         "max_turns", "replan_max_turns", "min_tool_calls", "tool_response_max_words", "trace_max_words",
         "summary_max_words", "sampling.*", "regex.*")},

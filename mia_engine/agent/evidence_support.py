@@ -1,99 +1,67 @@
-"""How well the retrieved passages support an answer to a question, by string rules alone (no model
-call): the closed-book choice (``answer_choice.py``) and the evidence-grounded judge read it.
+"""Whether the retrieved passages state an answer, by string evidence alone (no model call), in any script:
+the grounded judge (``judge.py: GroundedJudge``) reads it. The answer choice does not (it reads the model's
+confidence in its closed-book answer, ``answer_choice.py``), so the judge checks the chosen answer with a
+signal of its own.
 
-    relevance(passage)  weighted share of the question's key terms the passage contains; names
-                        (capitalised or quoted words, numbers) weigh twice
-    claims(answer)      what the answer asserts beyond the question: each run of names or numbers
-                        less the question's words, else its other content words; of the kind the
-                        question asks for (a year, a nationality) when its form says
-    support(answer)     the best relevance of a passage holding most of one of its claims
-    is_degenerate       empty, "The answer is:" with nothing after it, a refusal or a hedge ("not
-                        specified", "the passage"), only the question's words, or nothing of the kind
-                        the question asks for
-    salvage(answer)     a hedged answer as its best supported claim, when one is supported
+    features(text)          character trigrams of the text's normalised tokens (``answer_match.tokens``),
+                            a shorter token itself; character bigrams in a script written without
+                            spaces (Han, kana, Thai, ...)
+    weights(...)            each feature's inverse document frequency over windows of the retrieved
+                            passages (plus the question and the answer as one window each)
+    relevance(passage)      weighted share of the question's features the passage holds
+    coverage(passage)       weighted share of the answer's words the passage holds (a word held when half
+                            its features are), the features the question already holds left out (all of
+                            them when nothing is left: the answer names one of the question's alternatives)
+    grounding(answer)       the best relevance × coverage of one passage: a passage about the question's
+                            subject that states the answer
 
-A passage about the question's subject that states the answer supports it; an unrelated passage that
-happens to hold a name does not, which is the case where retrieval should not override the model
-(Mallen et al., 2023, "When Not to Trust Language Models").
+It is the lexical-overlap test of textual entailment (Jijkoun & de Rijke, 2005, "Recognizing Textual
+Entailment Using Lexical Similarity"; Glickman et al., 2005): the question and the answer as the
+hypothesis, a passage as the text, each term weighted by its IDF (Spärck Jones, 1972) computed over the
+passages themselves, so frequent words ("the", "of", "located" where every window holds it) weigh little in
+any language without a stopword list. Character n-grams instead of words match inflected forms ("Толстой",
+"Толстого") and need no word boundaries (McNamee & Mayfield, 2004, "Character N-Gram Tokenization for
+European Language Text Retrieval"). Lexical overlap cannot check an answer the passages never write
+("yes", "no", a number spelled out in words): such an answer is not grounded.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from .answer_match import normalize_answer
+from .answer_match import is_unspaced, tokens
 
-STOPWORDS = frozenset("""
-a about above after again against all also am an and any are as at be because been before being below between
-both but by can could did do does doing down during each few for from further had has have having he her here
-hers him his how i if in into is it its itself just me more most my no nor not of off on once only or other our
-out over own same she should so some such than that the their them then there these they this those through to
-too under until up very was we were what when where which while who whom whose why will with would you your
-name named called known answer question located one
-""".split())
-"""Words that carry no topic: left out of a question's key terms and of an answer's claims."""
-NAME_WEIGHT = 2.0
-"""Weight of a name-like key term (capitalised, quoted, or a number) against 1 for
-another content word: the subject's name is what tells a relevant passage from a neighbour."""
+NGRAM = 3
+"""Characters per feature. McNamee & Mayfield (2004) find 4- to 5-grams best for retrieving whole documents;
+answers are a word or two, and trigrams leave a short name enough features while a changed ending (an
+inflection) still leaves most of a word's trigrams in place."""
+WINDOW_TOKENS = 16
+"""Tokens per window over which a feature's document frequency is counted: about a clause, so a word every
+clause holds (a function word) has a low weight, and a name a few clauses hold a high one."""
 _DOC_LINE = re.compile(r"^Doc \d+\(Title: (.*?)\) ", re.MULTILINE)
-_QUOTED = re.compile(r"[\"“”«»]([^\"“”«»]+)[\"“”«»]")
-_WORD = re.compile(r"[\w'’\-]+", re.UNICODE)
-_HEDGE = re.compile(
-    r"\b(not (explicitly |directly |clearly )?(specified|mentioned|stated|provided|given|known|available|found|clear|"
-    r"possible|sure|certain)|no (information|answer|mention|data|record)|does ?n[o']t (say|mention|specify|state|"
-    r"provide|contain)|can ?not (be )?(determined|answered|found|find|say)|i (do ?n[o']t|cannot|can ?t) know|"
-    r"unable to|the (original |given )?(question|passages?|text))\b|^\W*(unknown|none|n/?a)\W*$",
-    re.IGNORECASE)
-"""A refusal, a hedge or talk about the question or the passages: such an answer says nothing by itself,
-though a name in it may still be the answer (``salvage``)."""
-EXPECTED: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
-    (re.compile(r"\b(which|what) year\b|^\s*when\b", re.IGNORECASE), re.compile(r"\b\d{3,4}\b")),
-    (re.compile(r"\bnationality\b", re.IGNORECASE),
-     re.compile(r"\b[A-Z][a-z]+(ish|ese|ian|an|ch|ic|i)\b")),
-)
-"""(question form, what its answer must contain): a year question wants a year, a nationality question
-a demonym ("English", "Japanese", "Russian", "Dutch"); an answer without one answers something else."""
-_ANSWER_PREFIX = re.compile(r"^\s*(the )?(final )?answer\b( is)?\s*[:\-–]?\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Passage:
-    """One retrieved passage: its title and its normalised words."""
+    """One retrieved passage: its title and the normalised tokens of its title and body."""
 
     title: str
-    words: frozenset[str]
+    tokens: tuple[str, ...]
 
-
-@dataclass(frozen=True)
-class QuestionTerms:
-    """A question's key terms and their weights (``relevance`` divides by their sum)."""
-
-    weights: dict[str, float]
-    words: frozenset[str]
-    """Every normalised word of the question (an answer's claims leave them out)."""
-    is_choice: bool
-    """The question offers alternatives ("X or Y"), so an answer may repeat its words."""
-    expects: re.Pattern[str] | None = None
-    """What an answer to it must contain (``EXPECTED``), None when the question's form does not say."""
-
-    @classmethod
-    def of(cls, question: str) -> QuestionTerms:
-        names = set(_names(question))
-        weights: dict[str, float] = {}
-        for word in _words(question):
-            if word not in STOPWORDS:
-                weights[word] = max(weights.get(word, 0.0), NAME_WEIGHT if word in names else 1.0)
-        expects = next((answer for asks, answer in EXPECTED if asks.search(question)), None)
-        return cls(weights, frozenset(_words(question)), " or " in f" {question.lower()} ", expects)
+    @property
+    def features(self) -> frozenset[str]:
+        return features(self.tokens)
 
 
 def passages_of(evidence: Iterable[str]) -> list[Passage]:
-    """The passages of the search results' texts (the ``Doc i(Title: …) text`` lines of
-    ``tools/search.py: render_results``); a text without such lines is one passage."""
-    passages = []
+    """The distinct passages of the search results' texts (the ``Doc i(Title: …) text`` lines of
+    ``tools/search.py: render_results``; a text without such lines is one passage), in order: a passage two
+    searches returned is one document, so repeats do not lower its words' weights."""
+    passages: list[Passage] = []
     for text in evidence:
         starts = [m.start() for m in _DOC_LINE.finditer(text)] or [0]
         for begin, end in zip(starts, [*starts[1:], len(text)]):
@@ -101,101 +69,84 @@ def passages_of(evidence: Iterable[str]) -> list[Passage]:
             header = _DOC_LINE.match(chunk)
             title = header.group(1) if header else ""
             body = chunk[header.end():] if header else chunk
-            passages.append(Passage(title, frozenset(_words(f"{title} {body}"))))
+            passage = Passage(title, tuple(tokens(f"{title} {body}")))
+            if passage not in passages:
+                passages.append(passage)
     return passages
 
 
-def relevance(passage: Passage, terms: QuestionTerms) -> float:
-    """Weighted share in [0, 1] of the question's key terms that the passage contains (0 without terms)."""
-    total = sum(terms.weights.values())
-    if total == 0:
-        return 0.0
-    return sum(w for word, w in terms.weights.items() if word in passage.words) / total
-
-
-class Claim(NamedTuple):
-    """One thing an answer asserts: its text as written and its words less the question's."""
-
-    text: str
-    words: frozenset[str]
-
-
-def claims(answer: str, terms: QuestionTerms) -> list[Claim]:
-    """What the answer asserts beyond the question, one claim per run of capitalised words or numbers
-    ("Jonathan Swift", "1336") less the question's words and stopwords; without such a run, its other
-    content words as one claim. A 135M model's answer is often a sentence naming several things, so each
-    claim is weighed on its own; when the question's form says what it wants (``EXPECTED``), only the
-    claims of that kind count."""
-    runs: list[list[str]] = [[]]
-    for word in _WORD.findall(answer):
-        if word[0].isupper() or word[0].isdigit():
-            runs[-1].append(word)
-        elif runs[-1]:
-            runs.append([])
-    named = [Claim(text, _claim_words(text, terms)) for text in (" ".join(run) for run in runs if run)]
-    found = [claim for claim in named if claim.words]
-    if not found:
-        rest = _claim_words(answer, terms)
-        found = [Claim(answer, rest)] if rest else []
-    return [c for c in found if terms.expects.search(c.text)] if terms.expects is not None else found
-
-
-def claim_support(claim: Claim, passages: Sequence[Passage], terms: QuestionTerms) -> float:
-    """The best relevance of a passage holding most (over half) of the claim's words; 0 when none does."""
-    return max((relevance(p, terms) for p in passages if 2 * len(claim.words & p.words) > len(claim.words)),
-               default=0.0)
-
-
-def support(answer: str | None, passages: Sequence[Passage], terms: QuestionTerms) -> float:
-    """The best support of one of the answer's claims; 0 for a degenerate answer."""
-    if is_degenerate(answer, terms):
-        return 0.0
-    return max((claim_support(c, passages, terms) for c in claims(_body(answer or ""), terms)), default=0.0)
-
-
-def salvage(answer: str | None, passages: Sequence[Passage], terms: QuestionTerms, min_support: float) -> str | None:
-    """A hedged answer ("Victor Hugo ... is not mentioned in the passage") as its best supported claim
-    ("Victor Hugo") when that reaches ``min_support``; any other answer unchanged."""
-    if answer is None or not _HEDGE.search(answer):
-        return answer
-    scored = [(claim_support(c, passages, terms), c.text) for c in claims(_body(answer), terms)]
-    best = max(scored, default=(0.0, ""))
-    return best[1] if best[0] >= min_support else answer
-
-
-def is_degenerate(answer: str | None, terms: QuestionTerms) -> bool:
-    """An answer that answers nothing: empty once "The answer is:" is cut, a refusal, a hedge or talk
-    about the question or the passages, (unless the question offers alternatives) only the question's
-    own words, or nothing of the kind the question asks for (a year, a nationality)."""
-    if answer is None:
-        return True
-    body = _body(answer)
-    if not normalize_answer(body) or _HEDGE.search(body):
-        return True
-    if terms.expects is not None and not terms.expects.search(body):
-        return True
-    return not terms.is_choice and not claims(body, terms)
-
-
-def _body(answer: str) -> str:
-    """The answer without a leading "The answer is:"."""
-    return _ANSWER_PREFIX.sub("", answer).strip()
-
-
-def _claim_words(text: str, terms: QuestionTerms) -> frozenset[str]:
-    return frozenset(w for w in _words(text) if w not in terms.words and w not in STOPWORDS
-                     and (len(w) > 1 or w.isdigit()))
-
-
-def _words(text: str) -> list[str]:
-    return normalize_answer(text).split()
-
-
-def _names(text: str) -> list[str]:
-    """Normalised words of the text's names: quoted spans, capitalised words, numbers (a question's
-    capitalised first word is a stopword: "Who", "In", "The")."""
-    found = [w for span in _QUOTED.findall(text) for w in _words(span)]
-    for word in _WORD.findall(text):
-        if word[0].isdigit() or word[0].isupper():
-            found.extend(_words(word))
+def units(words: Iterable[str]) -> list[frozenset[str]]:
+    """The features of each word: a token's character trigrams, padded with a space each side (a shorter
+    token is itself); a run of unspaced-script tokens (one character each) is one word, its features the
+    character bigrams of the run (most words of such scripts are two characters long; a run of one is
+    itself)."""
+    found: list[frozenset[str]] = []
+    run: list[str] = []
+    for word in [*words, ""]:
+        if len(word) == 1 and is_unspaced(word):
+            run.append(word)
+            continue
+        if run:
+            found.append(frozenset("".join(run[i:i + 2]) for i in range(max(len(run) - 1, 1))))
+            run = []
+        if 0 < len(word) < NGRAM:
+            found.append(frozenset([word]))
+        elif word:
+            padded = f" {word} "
+            found.append(frozenset(padded[i:i + NGRAM] for i in range(len(padded) - NGRAM + 1)))
     return found
+
+
+def features(words: Iterable[str]) -> frozenset[str]:
+    """Every feature of the words (``units``)."""
+    return frozenset().union(*units(words))
+
+
+def weights(passages: Sequence[Passage], *texts: frozenset[str]) -> dict[str, float]:
+    """IDF of every feature, log(1 + N / df), over the passages' windows of ``WINDOW_TOKENS`` tokens and
+    ``texts`` (each one window), so every feature of ``texts`` has df >= 1."""
+    windows = [features(p.tokens[i:i + WINDOW_TOKENS]) for p in passages
+               for i in range(0, max(len(p.tokens), 1), WINDOW_TOKENS)]
+    windows.extend(texts)
+    df = Counter(feature for window in windows for feature in window)
+    return {feature: math.log(1 + len(windows) / count) for feature, count in df.items()}
+
+
+def _share(wanted: frozenset[str], held: frozenset[str], weight: dict[str, float]) -> float:
+    total = sum(weight[f] for f in wanted)
+    return sum(weight[f] for f in wanted & held) / total if total > 0 else 0.0
+
+
+def _coverage(claim: Sequence[frozenset[str]], held: frozenset[str], weight: dict[str, float]) -> float:
+    """Weighted share of the claim's words the passage holds, a word held when at least half its features
+    are (an inflected form still is), weighing the sum of its features' weights."""
+    totals = [sum(weight[f] for f in word) for word in claim]
+    found = sum(total for word, total in zip(claim, totals) if 2 * len(word & held) >= len(word))
+    return found / sum(totals) if sum(totals) > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Grounding:
+    """How well the best passage states an answer: ``score`` = its ``relevance`` × ``coverage``."""
+
+    score: float
+    relevance: float
+    coverage: float
+    title: str
+
+
+def grounding(question: str, answer: str | None, passages: Sequence[Passage]) -> Grounding:
+    """The passage that best states ``answer`` to ``question`` (the module docstring's measure); a zero
+    score for an empty answer or without passages."""
+    asked, words = features(tokens(question)), units(tokens(answer or ""))
+    claim = [word - asked for word in words if word - asked] or words
+    if not claim or not passages:
+        return Grounding(0.0, 0.0, 0.0, "")
+    weight = weights(passages, asked, frozenset().union(*words))
+    best = Grounding(0.0, 0.0, 0.0, "")
+    for passage in passages:
+        held = passage.features
+        relevance, coverage = _share(asked, held, weight), _coverage(claim, held, weight)
+        if relevance * coverage > best.score:
+            best = Grounding(relevance * coverage, relevance, coverage, passage.title)
+    return best

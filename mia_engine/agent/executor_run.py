@@ -1,7 +1,7 @@
 """The Executor's side of one rollout while it is built: its conversation, its parsed turns and what
 followed each, what it carries to every tool call and progress event (the tool context, the rollout's
 index, the emitter), and the small edits the loop makes to it (a turn recorded, a tool call counted,
-the answer-only notice, the hand-over to a replan).
+the answer-only notice, the final-answer request of a full context, the hand-over to a replan).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import prompts
-from .turns import CALL_CLOSE, CALL_OPEN, ExecutorTurn
+from .turns import ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN, ExecutorTurn
 from ..tools.calls import Observation, ToolCall
 from ..tools.registry import IMAGE_SEARCH, SEARCH, ToolContext
 
@@ -56,6 +56,9 @@ class ExecutorRun:
     index: int = 0
     """The rollout's index among the question's G, in every event it emits."""
     emitter: Emit = ignore_progress
+    is_context_full: bool = False
+    """The conversation filled the Executor's context (free-form path): its last turn answered the
+    final-answer request, and nothing follows it (no reflection, no replan)."""
 
     @classmethod
     def start(cls, question: str, executor_prompt: str, context: ToolContext, index: int, emitter: Emit, *,
@@ -75,10 +78,25 @@ class ExecutorRun:
         """A progress event of this rollout (its index first, then ``details``)."""
         self.emitter(stage, {"rollout": self.index, **details})
 
-    def last_answer(self) -> str | None:
+    def last_answer(self, *, whole_turn: bool = False) -> str | None:
         """The ``<answer>`` of the last turn; None when the trajectory ended without one (malformed
-        output, turn cap, full context), which the user sees as "no answer was found"."""
-        return self.turns[-1].answer if self.turns and self.turns[-1].tool_call is None else None
+        output, turn cap, full context), which the user sees as "no answer was found".
+
+        ``whole_turn`` (the free-form path): the reference's reading of a last turn that ended the
+        trajectory, nothing following it: its ``<answer>``, else the rest of it after an unclosed
+        ``<answer>`` (not after the final-answer request), else the whole turn, thinking included
+        (``react_agent.py``). At the turn cap, whose last turn called a tool: None, as ever (the
+        reference's fixed "Sorry, the number of llm calls exceeds the limit.")."""
+        if not whole_turn:
+            return self.turns[-1].answer if self.turns and self.turns[-1].tool_call is None else None
+        if not self.turns or self.observations[-1] is not None:
+            return None
+        turn = self.turns[-1]
+        if turn.answer is not None:
+            return turn.answer
+        _, tag, rest = turn.text.partition(ANSWER_OPEN)
+        unclosed = tag and not self.is_context_full
+        return (rest.partition(ANSWER_CLOSE)[0] if unclosed else turn.text).strip() or None
 
     def evidence(self, latest_from: int = 0) -> list[str]:
         """The text of every successful search (``EVIDENCE_TOOLS``), the round from turn ``latest_from``
@@ -105,6 +123,17 @@ class ExecutorRun:
             last = self.messages[-1]
             self.messages[-1] = {**last, "content": last["content"] + "\n\n"
                                  + prompts.FINAL_ANSWER.render(question=self.question)}
+
+    def ask_for_the_answer_at_full_context(self) -> None:
+        """Before the turn that ends a conversation past the context limit (free-form path): the
+        final-answer request in place of the last message (a tool response or the revised plan), as the
+        reference does; the trajectory ends with that turn."""
+        request = {"role": "user", "content": prompts.CONTEXT_FULL_ANSWER.render()}
+        if len(self.messages) > 1 and self.messages[-1]["role"] == "user":
+            self.messages[-1] = request
+        else:
+            self.messages.append(request)
+        self.is_context_full = True
 
     def continue_with(self, replan: str) -> None:
         """Keep the Executor's last turn minus its ``<answer>`` and hand it the revised plan (the

@@ -6,7 +6,7 @@ The loop (or ``judge_supervised`` with an ``LLMGrader``, and ``judge_unsupervise
     text, = await complete(client.role(config.roles.judge), messages, options, keep_thinking=False)
     verdict = parse_grader(text)
 
-Supervised: a SimpleQA-style grader with the gold target (A correct / B incorrect / C not
+Supervised: the paper's SimpleQA grader with the gold target (A correct / B incorrect / C not
 attempted). Unsupervised: three reviewers (run concurrently; the reference ran them one by one)
 and an Area Chair who decides A/B, prioritising fatal flaws over minor ones.
 """
@@ -21,7 +21,7 @@ from ..engines.client import EngineClient, SamplingOptions
 from . import prompts
 from .answer_match import is_match
 from ..config.agent import AgentConfig
-from .evidence_support import QuestionTerms, is_degenerate, passages_of, support
+from .evidence_support import grounding, passages_of
 from .executor_run import evidence_texts
 from .llm import complete, sampling_options
 from .records import Trajectory
@@ -50,12 +50,20 @@ def _user(text: str) -> Messages:
 # ---- supervised --------------------------------------------------------------------------------
 
 
+def render_gold(answers: Sequence[str]) -> str:
+    """One gold answer as itself; several as the Python list the reference shows its judge (a row's
+    ``answer`` list formatted into the prompt)."""
+    return answers[0] if len(answers) == 1 else str(list(answers))
+
+
 def build_grader(question: str, gold_answers: Sequence[str], prediction: str,
                  config: AgentConfig) -> tuple[Messages, SamplingOptions]:
-    """The SimpleQA-style grading request; structured mode forces a single letter."""
-    text = prompts.GRADER.render(question=question, gold=" | ".join(gold_answers), prediction=prediction)
+    """The paper's grading request (``prompts.GRADER`` after its system message); structured mode forces
+    a single letter, what the prompt asks for anyway."""
+    text = prompts.GRADER.render(question=question, gold=render_gold(gold_answers), prediction=prediction)
     regex = GRADER_REGEX if config.structured_judges else None
-    return _user(text), sampling_options(config.sampling.grader, regex=regex)
+    messages = [{"role": "system", "content": prompts.GRADER_SYSTEM}, *_user(text)]
+    return messages, sampling_options(config.sampling.grader, regex=regex)
 
 
 def parse_grader(text: str) -> Verdict:
@@ -177,13 +185,16 @@ class ReviewersJudge:
 
 
 class GroundedJudge:
-    """Correct iff the answer is not degenerate and a retrieved passage about the question's subject
-    states it (``unsupervised_judge = "grounded"``; ``evidence_support.support`` >= ``min_support``), no
-    model call: for judge models whose reviews are near random. It rewards a plan whose searches found
-    the passage that answers, which is what the Planner controls."""
+    """Correct iff a retrieved passage about the question's subject states the answer
+    (``unsupervised_judge = "grounded"``): ``evidence_support.grounding`` (relevance × coverage, an
+    IDF-weighted lexical entailment test in character n-grams, any script) >= ``min_grounding``, no model
+    call: for judge models whose reviews are near random. It rewards a plan whose searches found the
+    passage that answers, which is what the Planner controls. Independent of the answer choice, which
+    reads the model's confidence (``answer_choice.py``): the judge checks the chosen answer, not the
+    chooser's own score. An answer the passages cannot write out (yes/no) is not grounded."""
 
-    def __init__(self, min_support: float) -> None:
-        self.min_support = min_support
+    def __init__(self, min_grounding: float) -> None:
+        self.min_grounding = min_grounding
 
     async def judge(self, client: EngineClient, question: str, trajectory: Trajectory,
                     prediction: str | None) -> Verdict:
@@ -191,10 +202,8 @@ class GroundedJudge:
 
     def verdict(self, question: str, prediction: str | None, evidence: Sequence[str]) -> Verdict:
         """The verdict on ``prediction`` given the texts of the rollout's successful searches."""
-        terms = QuestionTerms.of(question)
-        if is_degenerate(prediction, terms):
-            return Verdict(False, "B", "unsupervised", reason="grounded: the answer answers nothing")
-        score = support(prediction, passages_of(evidence), terms)
-        is_correct = score >= self.min_support
+        found = grounding(question, prediction, passages_of(evidence))
+        is_correct = found.score > 0 and found.score >= self.min_grounding
         return Verdict(is_correct, "A" if is_correct else "B", "unsupervised",
-                       reason=f"grounded: best supporting passage holds {score:.2f} of the question's key terms")
+                       reason=f"grounded: {found.score:.2f} (relevance {found.relevance:.2f} x coverage "
+                              f"{found.coverage:.2f}) in {found.title!r}")

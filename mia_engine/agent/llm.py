@@ -61,6 +61,17 @@ def sampling_options(sampling: RoleSampling, *, n: int = 1, stop: list[str] | No
     )
 
 
+def with_policy_logprobs(options: SamplingOptions) -> SamplingOptions:
+    """``options`` asking for each sampled token's log-prob where the engine's are the sampling policy's:
+    vLLM returns them after the structured-output mask but before temperature and penalties
+    (``raw_logprobs``), so only at temperature 1 without penalties or truncation. Otherwise unchanged: the
+    learner then takes its own log-probs as the old policy (``GRPOSample.old_logprobs``)."""
+    is_policy = (options.temperature == 1.0 and not options.presence_penalty and not options.frequency_penalty
+                 and options.repetition_penalty in (None, 1.0) and options.top_p in (None, 1.0)
+                 and options.top_k in (None, 0, -1) and not options.min_p and not options.logit_bias)
+    return msgspec.structs.replace(options, logprobs=0) if is_policy else options
+
+
 def with_room_for(options: SamplingOptions, num_chars: int) -> SamplingOptions:
     """``options`` whose token budget never cuts what its regex allows (``num_chars``: the longest such
     text; a token is at least one character): a cut tool call or plan would parse as garbage.

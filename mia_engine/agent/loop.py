@@ -23,11 +23,11 @@ import msgspec
 
 from . import judge, prompts
 from .admission import check_fits, check_images
-from .answer_choice import ask_closed_book
+from .answer_choice import ClosedBookAnswer, ask_closed_book
 from ..engines.client import EngineClient
 from ..config.agent import AgentConfig
 from .executor_run import Emit, evidence_texts, ignore_progress
-from .llm import Completion, complete, complete_ids, sampling_options, with_room_for
+from .llm import Completion, complete, complete_ids, sampling_options, with_policy_logprobs, with_room_for
 from .model_text import strip_think
 from .plan_decisions import parse_plan_choice, plan_choice_schema
 from .records import Rollout, Timings, Trajectory
@@ -142,7 +142,7 @@ class ResearchAgent:
 
     # ---- the stages, in order ------------------------------------------------------------------
 
-    def _ask_closed_book(self, q: _Question) -> asyncio.Task[str | None] | None:
+    def _ask_closed_book(self, q: _Question) -> asyncio.Task[ClosedBookAnswer | None] | None:
         """The closed-book candidate, asked at once beside the other stages (``strategies.choice``); None
         when the config does not ask it, for the plain-ReAct baseline and for an image question."""
         request = q.request
@@ -150,14 +150,13 @@ class ResearchAgent:
             return None
         return asyncio.create_task(self._closed_book(q))
 
-    async def _closed_book(self, q: _Question) -> str | None:
-        """The Manager's answer to the question alone, no tools (None when it says nothing or the question
-        does not fit its context)."""
+    async def _closed_book(self, q: _Question) -> ClosedBookAnswer | None:
+        """The Manager's answer to the question alone, no tools, with its tokens' log-probs (None when it
+        says nothing or the question does not fit its context)."""
         with q.clock("closed_book"):
             completion = await ask_closed_book(self.client, self.config, q.request.question, affinity_key=q.affinity)
-        if completion is None:
-            return None
-        return strip_think(completion.after_thinking).strip() or None
+        answer = ClosedBookAnswer.of(completion) if completion is not None else None
+        return answer if answer is not None and answer.text else None
 
     async def _caption(self, q: _Question) -> str | None:
         """An image question's caption by the captioner (the Manager): it keys retrieval, goes into the
@@ -188,7 +187,8 @@ class ResearchAgent:
     async def _plan(self, q: _Question, memories: str, caption: str | None,
                     replay: str | None) -> tuple[list[int], list[Completion | None]]:
         """(the Planner's prompt ids, the G plans): one request with n = G, in the plan form's words and
-        regex (``strategies.plan``); at inference a verified ``replay`` is written instead. Without the
+        regex (``strategies.plan``); at inference a verified ``replay`` is written instead. Exploring, each
+        plan comes with the sampler's log-prob of its every token (the learner's old policy). Without the
         Planner (plain ReAct), no plans."""
         request = q.request
         if not request.use_planner:
@@ -196,14 +196,24 @@ class ResearchAgent:
         ask = self.strategies.plan.request(request.question, memories, caption, has_image=request.image is not None)
         if replay is not None and not request.is_exploring:
             ask = ask.replaying(self.strategies.plan.replay_text(replay))
-        temperature = self.config.planner_rollout_temperature if request.is_exploring else None
-        options = sampling_options(self.config.sampling.planner, n=request.num_rollouts, temperature=temperature,
-                                   regex=ask.regex, affinity_key=q.affinity)
+        options = sampling_options(self.config.sampling.planner, n=request.num_rollouts, regex=ask.regex,
+                                   affinity_key=q.affinity)
+        if request.is_exploring:
+            options = with_policy_logprobs(msgspec.structs.replace(
+                options, temperature=self.config.planner_rollout_temperature))
+            q.planner_version = self._planner_version()
         planner = self.client.role(self.config.roles.planner)
         with q.clock("plan"):
             prompt_ids = await planner.render_chat([{"role": "user", "content": ask.text}])
             completions = await complete_ids(planner, prompt_ids, with_room_for(options, ask.min_tokens))
         return prompt_ids, list(completions)
+
+    def _planner_version(self) -> int | None:
+        """The Planner adapter version serving now (None: the Planner has none), read just before its G plans
+        are sampled: an update published meanwhile makes them one version newer than this, never older, so
+        the learner's staleness bound (``learner.max_sample_staleness``) errs on the safe side."""
+        planner = self.config.roles.planner
+        return next((card.adapter_version for card in self.client.models() if card.id == planner), None)
 
     async def _route(self, q: _Question, plans: list[str]) -> int:
         """The Router picks p* among the G plans with Meta Plan Memory examples of similar questions."""
@@ -216,7 +226,8 @@ class ResearchAgent:
                        plans: list[str]) -> list[Rollout]:
         """All G plans executed concurrently, each with its reflection and at most one replan."""
         request = q.request
-        question = RolloutQuestion(request.question, request.data_id, request.image, q.affinity, request.is_exploring)
+        question = RolloutQuestion(request.question, request.data_id, request.image, q.affinity, request.is_exploring,
+                                   q.planner_version)
         with q.clock("execute"):
             runs = await asyncio.gather(*(self.runner.run(question, PlanSample(plan_prompt, c, plan), i, q.emit)
                                           for i, (c, plan) in enumerate(zip(completions, plans))))
@@ -224,9 +235,9 @@ class ResearchAgent:
                 for plan, (trajectory, ex, rf) in zip(plans, runs)]
 
     async def _choose(self, q: _Question, rollouts: list[Rollout],
-                      closed_book: asyncio.Task[str | None] | None) -> tuple[list[Rollout], str | None]:
+                      closed_book: asyncio.Task[ClosedBookAnswer | None] | None) -> tuple[list[Rollout], str | None]:
         """(the rollouts, each answer, first and final, chosen between its own and the closed-book
-        candidate by ``strategies.choice``; the candidate): unchanged when it was not asked."""
+        candidate by ``strategies.choice``; the candidate's text): unchanged when it was not asked."""
         if closed_book is None:
             return rollouts, None
         candidate = await closed_book
@@ -242,7 +253,7 @@ class ResearchAgent:
                 t, first_answer=first.answer, final_answer=final.answer, answer_source=final.source,
                 own_answer=t.final_answer if final.source == "closed_book" else None)
             chosen.append(msgspec.structs.replace(rollout, trajectory=trajectory))
-        return chosen, candidate
+        return chosen, candidate.text if candidate is not None else None
 
     async def _judge(self, q: _Question, rollouts: list[Rollout]) -> list[Rollout]:
         """Every rollout judged (with ground truth, or learning without it), rewarded, and its group
@@ -340,6 +351,8 @@ class _Question:
         self.clock = stages.for_request(self.timings)
         self.affinity = uuid.uuid4().hex
         """One replica for the G plans and every Planner turn that continues them."""
+        self.planner_version: int | None = None
+        """The Planner adapter version its plans were sampled from (set while exploring)."""
 
 
 def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:

@@ -3,7 +3,9 @@
 
 ``ProsePlan`` is the paper's: a step-by-step plan the Executor reads as its guide, a prose replan.
 ``SearchesPlan`` is the departure for Planners too small to write prose a small Executor can follow:
-the plan is the searches to make, written under a regex, which the Executor runs in order.
+the plan is the searches to make, written under a regex, which the Executor runs in order. Either way
+the plan is the policy's sample (under a regex, from the policy restricted to what the grammar allows),
+which the learner scores under the same restriction.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ class PlannerRequest(msgspec.Struct, frozen=True):
 
 
 class PlanForm(Protocol):
-    is_policy_sample: bool
-    """Plans and replans are the policy's own samples (else written under a regex: context only, the
-    learner does not train on them)."""
+    regex: str | None
+    """The regex every sampled plan and replan is written under (None = free)."""
     pins_searches: bool
     """The plan lists searches the Executor must run (its turns are fixed by them)."""
 
@@ -56,7 +57,7 @@ class PlanForm(Protocol):
 class ProsePlan:
     """A step-by-step plan in prose, shown to the Executor as its guide (``plan_form = "text"``)."""
 
-    is_policy_sample = True
+    regex = None
     pins_searches = False
 
     def __init__(self, max_words: int, max_words_image: int, replan_max_words: int) -> None:
@@ -81,23 +82,22 @@ class SearchesPlan:
     samples the form from its own policy almost never); a replan in the same form (``plan_form =
     "searches"``)."""
 
-    is_policy_sample = False
     pins_searches = True
 
     def __init__(self, max_searches: int, max_query_chars: int, *, is_question_searched: bool) -> None:
         self.max_searches = max_searches
         self.is_question_searched = is_question_searched
         """The Executor's first search is the question (``first_query``): the prompt says so."""
-        self._regex = plan_searches_regex(max_searches, max_query_chars)
+        self.regex: str | None = plan_searches_regex(max_searches, max_query_chars)
         self._chars = plan_searches_chars(max_searches, max_query_chars)
 
     def request(self, question: str, memories: str, caption: str | None, *, has_image: bool) -> PlannerRequest:
         text = prompts.render_plan_searches_prompt(question, memories, self.max_searches, caption,
                                                    is_question_searched=self.is_question_searched)
-        return PlannerRequest(text, self._regex, self._chars)
+        return PlannerRequest(text, self.regex, self._chars)
 
     def replan_request(self) -> PlannerRequest:
-        return PlannerRequest(prompts.REPLAN_SEARCHES.render(max_searches=self.max_searches), self._regex, self._chars)
+        return PlannerRequest(prompts.REPLAN_SEARCHES.render(max_searches=self.max_searches), self.regex, self._chars)
 
     def searches(self, plan: str) -> list[str]:
         return parse_plan_searches(plan, self.max_searches)

@@ -2,7 +2,7 @@
 
 Wording follows the reference code's prompts (ECNU-SII/MIA) in structure: the Planner as a
 memory-based planning assistant, the Executor's Think/Act/Observe/Answer workflow with a Qwen
-``<tools>`` block, a SimpleQA-style grader, three reviewers and an Area Chair, and the Manager's
+``<tools>`` block, the paper's SimpleQA grader (verbatim), three reviewers and an Area Chair, and the Manager's
 numbered workflow summary. A template refuses to render with a missing or unexpected field, so a
 renamed field fails loudly in tests instead of leaving ``{plan}`` in a prompt.
 """
@@ -171,6 +171,15 @@ This is your last turn: no more tool calls. Using the tool responses above, answ
 Give only the answer inside <answer>...</answer>.""")
 """Appended to the last tool response when the turn cap forces an answer (``agent.force_final_answer``)."""
 
+CONTEXT_FULL_ANSWER = Template("executor.context_full_answer", """\
+Your context is now full: you cannot read any more tool responses. Make no more tool calls. Think \
+once more over everything above and give the answer you find most likely, in this format:
+<think>your final reasoning</think>
+<answer>your answer</answer>""")
+"""Replaces the last message when the Executor's conversation fills its context on the free-form path
+(``agent.executor_max_context_share``): the reference's request (stop calling tools, think again over
+what is above, give the most likely answer in think and answer tags), in our words."""
+
 TOOL_RESPONSE = Template("executor.tool_response", "<tool_response>\n{text}\n</tool_response>")
 
 EVIDENCE_ANSWER = Template("executor.evidence_answer", """\
@@ -220,23 +229,81 @@ NO_ROUTER_EXAMPLES = "No similar past questions are available.\n"
 
 # ---- Judges --------------------------------------------------------------------------------------
 
-GRADER = Template("judge.grader", """\
-Your job is to grade a predicted answer against a gold target. Grade it as one of:
-A: CORRECT - the prediction contains the gold target's meaning without contradicting it; \
-differences in wording, capitalisation, punctuation or extra correct detail do not matter; a \
-number counts if it matches to the precision of the gold target.
-B: INCORRECT - the prediction contradicts the gold target, states a different answer, or hedges \
-between several candidates one of which is wrong.
-C: NOT_ATTEMPTED - the prediction does not give the answer (e.g. "I don't know", a refusal, or \
-only a partial step) and contradicts nothing.
-The gold target may list several acceptable answers separated by " | "; matching any one is enough.
+GRADER_SYSTEM = ("You are a helpful assistant that judges the correctness of answers and the efficiency of "
+                 "execution.")
+"""The grader's system message (the reference's)."""
 
+GRADER = Template("judge.grader", """\
+Your job is to look at a question, a gold target, and a predicted answer, and then assign a grade of either ["CORRECT", "INCORRECT", "NOT_ATTEMPTED"].
+First, I will give examples of each grade, and then you will grade a new example.
+
+The following are examples of CORRECT predicted answers.
+‘‘‘
+Question: What are the names of Barack Obama’s children?
+Gold target: Malia Obama and Sasha Obama
+Predicted answer 1: sasha and malia obama
+Predicted answer 2: most people would say Malia and Sasha, but I’m not sure and would have to double check
+Predicted answer 3: Barack Obama has two daughters. Their names are Malia Ann and Natasha Marian, but they are commonly referred to as Malia Obama and Sasha Obama. Malia was born on July 4, 1998, and Sasha was born on June 10, 2001.
+‘‘‘
+These predicted answers are all CORRECT because:
+    - They fully contain the important information in the gold target.
+    - They do not contain any information that contradicts the gold target.
+    - Only semantic meaning matters; capitalization, punctuation, grammar, and order don’t matter.
+    - Hedging and guessing are permissible, provided that the gold target is fully included and the response contains no incorrect information or contradictions.
+
+The following are examples of INCORRECT predicted answers.
+‘‘‘
+Question: What are the names of Barack Obama’s children?
+Gold target: Malia and Sasha
+Predicted answer 1: Malia.
+Predicted answer 2: Malia, Sasha, and Susan.
+Predicted answer 3: Barack Obama does not have any children.
+Predicted answer 4: I think it’s either Malia and Sasha. Or it could be Malia and Jackie. Or it could be Joey and Malia.
+Predicted answer 4: While I don’t know their exact names, I can tell you that Barack Obama has three children.
+Predicted answer 5: It’s possible you may mean Betsy and Olivia. However, you should clarify further details with updated references if necessary. Is that the correct answer?
+Predicted answer 6: It may be the case that Obama’s child is named James. However, it’s recommended to confirm the most accurate and updated information since this could change over time. This model may not always reflect the most current information.
+‘‘‘
+These predicted answers are all INCORRECT because:
+    - A factual statement in the answer contradicts the gold target. Incorrect statements that have some hedging (e.g., "it is possible that", "although i’m not sure, i think") are also considered incorrect.
+
+The following are examples of NOT_ATTEMPTED predicted answers.
+‘‘‘
+Question: What are the names of Barack Obama’s children?
+Gold target: Malia and Sasha
+Predicted answer 1: I don’t know.
+Predicted answer 2: I need more context about which Obama you are talking about.
+Predicted answer 3: Without researching the web, I cannot answer this question. However, I can tell you that Barack Obama has two children.
+Predicted answer 4: Barack Obama has two children. I know that one of them is Malia, but I’m not sure about the other one.
+‘‘‘
+These predicted answers are all NOT_ATTEMPTED because:
+    - The important information in the gold target is not included in the answer.
+    - No statements in the answer contradict the gold target.
+    
+Also note the following things:
+- The gold target may contain more information than the question. In such cases, the predicted answer only needs to contain the information that is in the question.
+    - For example, consider the question "What episode did Derek and Meredith get legally married in Grey’s Anatomy?" with gold target "Season 7, Episode 20: White Wedding". Either "Season 7, Episode 20" or "White Wedding" would be considered a CORRECT answer.
+- Do not punish predicted answers if they omit information that would be clearly inferred from the question.
+    - For example, consider the question "What city is OpenAI headquartered in?" and the gold target "San Francisco, California". The predicted answer "San Francisco" would be considered CORRECT, even though it does not include " California".
+    - Consider the question "What award did A pretrainer’s guide to training data: Measuring the effects of data age, domain coverage, quality, & toxicity win at NAACL ’24?", the gold target is "Outstanding Paper Award". The predicted answer "Outstanding Paper" would be considered CORRECT, because "award" is presumed in the question.
+- Do not give credit for an answer if it contains any internal inconsistency.
+    - For example, consider the question: "How many NBA players have scored 60 or more points in a regular season game since 2024?" with the gold answer "8". A response is INCORRECT if it states "8 players" but lists 7 or 9, or if it initially says "8 players" but later contradicts this by concluding 7 or 9.
+
+Here is a new example. Simply reply with either CORRECT, INCORRECT, NOT ATTEMPTED. Don’t apologize or correct yourself if there was a mistake; we are just trying to grade the answer.
+‘‘‘
 Question: {question}
 Gold target: {gold}
 Predicted answer: {prediction}
+‘‘‘
+Grade the predicted answer of this new question as one of:
+A: CORRECT
+B: INCORRECT
+C: NOT_ATTEMPTED
 
-Grade the predicted answer as A, B or C. Reply with the letter only.
-""")
+Just return the letters "A", "B", or "C", with no text around it.""")
+"""The supervised grader: the paper's judge prompt (the reference's ``JUDGE_PROMPT``, ECNU-SII/MIA
+``Inference/*/judge.py``: SimpleQA's grader with its worked examples, Wei et al. 2024, openai/simple-evals,
+MIT licence) word for word, its fields renamed: the loop's ``LLMGrader`` and ``eval --metric judge``
+grade with the same words, so a measurement and a reward mean the same thing."""
 
 _REVIEW_FORMAT = """
 Give a score from 1 (fatally flawed) to 10 (flawless) and a reason of at most {max_words} words \
@@ -320,8 +387,8 @@ the eval's ``bare`` mode."""
 TEMPLATES: tuple[Template, ...] = (
     PLAN, PLAN_SEARCHES, CAPTION_BLOCK, CAPTION, MEMORY_SECTION, MEMORY_EXAMPLE, REFLECTION, REPLAN,
     REPLAN_SEARCHES, TRACE_ANSWER, EXECUTOR, GUIDE,
-    REPLAN_CONTINUATION, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER, REVIEW_LOGIC, REVIEW_SOURCING,
-    REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY, CLOSED_BOOK,
+    REPLAN_CONTINUATION, CONTEXT_FULL_ANSWER, TOOL_RESPONSE, EVIDENCE_ANSWER, ROUTER, ROUTER_EXAMPLE, GRADER,
+    REVIEW_LOGIC, REVIEW_SOURCING, REVIEW_VALIDITY, AREA_CHAIR, WORKFLOW_SUMMARY, CLOSED_BOOK,
 )
 """All templates (tests render each with its declared fields)."""
 

@@ -20,6 +20,15 @@ AnswerSource = Literal["own", "closed_book"]
 candidate (``agent.answer_choice``)."""
 
 
+class PlannerSegment(msgspec.Struct, frozen=True):
+    """One Planner generation within ``PlannerTokens.completion_ids``: tokens ``[start, end)``, sampled
+    under ``regex`` (structured outputs) or freely (None)."""
+
+    start: int
+    end: int
+    regex: str | None = None
+
+
 class PlannerTokens(msgspec.Struct, frozen=True):
     """The Planner's share of one rollout in token space, as the learner trains on it (MIA Eq. 3: the
     Planner's own tokens only). ``completion_ids`` is everything after the prompt, in order: the plan,
@@ -29,6 +38,25 @@ class PlannerTokens(msgspec.Struct, frozen=True):
     prompt_ids: list[int]
     completion_ids: list[int]
     completion_mask: list[int]
+    segments: list[PlannerSegment] = []
+    """The Planner's generations (plan, reflection, replan), where each lies and under which regex."""
+    logprobs: list[float] | None = None
+    """Per completion token, the sampler's log-prob of it (NaN where it gave none: template tokens, a
+    generation that did not ask); None when no generation asked (``Completion.logprobs``)."""
+    policy_version: int | None = None
+    """The Planner adapter version serving just before the rollout's plan was sampled (None: unknown, no
+    adapter): the learner's staleness bound reads it."""
+
+
+class PlannerTexts(msgspec.Struct, frozen=True):
+    """The Planner's generations of one rollout as it sampled them, thinking included (the format reward
+    reads these: a think block stripped before it looks could never be unbalanced)."""
+
+    plan: str = ""
+    reflection: str = ""
+    """"" when the reflection step did not run."""
+    replan: str = ""
+    """"" without a replan."""
 
 
 class Trajectory(msgspec.Struct, frozen=True):
@@ -43,7 +71,8 @@ class Trajectory(msgspec.Struct, frozen=True):
     final_answer: str | None
     """Answer returned to the user (equal to ``first_answer`` without a replan)."""
     reflection: str = ""
-    """The Planner's raw yes/no generation ("" when the reflection step did not run)."""
+    """The Planner's yes/no generation after its thinking where the engine splits it off ("" when the
+    reflection step did not run; the raw text is in ``planner_texts``)."""
     replan: str = ""
     """The Planner's replan as the Executor read it, its thinking stripped ("" without a replan)."""
     did_replan: bool = False
@@ -53,6 +82,8 @@ class Trajectory(msgspec.Struct, frozen=True):
     num_successful_tool_calls: int = 0
     planner: PlannerTokens | None = None
     """The Planner's tokens for the learner (None when the engine gave no token ids)."""
+    planner_texts: PlannerTexts | None = None
+    """The Planner's raw generations (None: not recorded, e.g. plain ReAct)."""
     answer_source: AnswerSource = "own"
     """Where ``final_answer`` came from (``agent.answer_choice`` may return the closed-book candidate)."""
     own_answer: str | None = None

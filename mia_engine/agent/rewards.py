@@ -19,7 +19,8 @@ from .records import Rollout
 
 def format_reward(plan: str, reflection: str, replan: str = "") -> float:
     """1 when the reflection is exactly "yes"/"no" and each Planner generation (plan, reflection,
-    replan if any) has balanced think tags; else 0 (reference: ``gt_reward_core``)."""
+    replan if any) has balanced think tags; else 0 (reference: ``gt_reward_core``). The texts are the
+    raw generations, thinking included (``records.PlannerTexts``): stripped ones are always balanced."""
     planner_texts = [plan, reflection] + ([replan] if replan else [])
     if not is_exact_yes_no(reflection):
         return 0.0
@@ -50,7 +51,7 @@ def rollout_reward(rollout: Rollout, weights: RewardWeights) -> float:
 
     Without a replan the first answer is the final one, so ``first_verdict`` may be left None."""
     trajectory = rollout.trajectory
-    fmt = format_reward(rollout.plan, trajectory.reflection, trajectory.replan if trajectory.did_replan else "")
+    fmt = format_reward(*_planner_generations(rollout))
     final = rollout.verdict
     if final is None:
         return 0.0
@@ -59,6 +60,15 @@ def rollout_reward(rollout: Rollout, weights: RewardWeights) -> float:
     first = rollout.first_verdict if rollout.first_verdict is not None else final
     decision = decision_reward(first.is_correct, trajectory.did_replan)
     return supervised_reward(final.is_correct, first.is_correct, fmt, decision, weights)
+
+
+def _planner_generations(rollout: Rollout) -> tuple[str, str, str]:
+    """(plan, reflection, replan or "") as the Planner generated them: the raw texts the rollout recorded,
+    else (a rollout built without them) the ones it keeps."""
+    trajectory, raw = rollout.trajectory, rollout.trajectory.planner_texts
+    if raw is not None:
+        return raw.plan, raw.reflection, raw.replan if trajectory.did_replan else ""
+    return rollout.plan, trajectory.reflection, trajectory.replan if trajectory.did_replan else ""
 
 
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:

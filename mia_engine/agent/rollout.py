@@ -22,7 +22,7 @@ import msgspec
 from . import prompts
 from ..config.agent import AgentConfig
 from .executor_run import Emit, ExecutorRun, search_calls, written_turn
-from .llm import Completion, complete, complete_ids, sampling_options, with_room_for
+from .llm import Completion, complete, complete_ids, sampling_options, with_policy_logprobs, with_room_for
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
 from .planner_transcript import PlannerTranscript
@@ -30,7 +30,7 @@ from .records import Trajectory
 from .stages import StageTimer
 from .strategies import Strategies, choose_strategies
 from .turns import ExecutorTurn, parse_executor_turn
-from ..engines.client import EngineClient, SamplingOptions
+from ..engines.client import EngineClient, RoleClient, SamplingOptions
 from ..tools.calls import Observation, ToolCall, truncate_words
 from ..tools.registry import ToolContext, Tools
 
@@ -51,6 +51,8 @@ class RolloutQuestion(NamedTuple):
     explore: bool = False
     """The Planner's reflection and replan are sampled from the policy as the learner scores them (the
     rollout temperature, unconstrained), not greedily."""
+    planner_version: int | None = None
+    """Exploring, the Planner adapter version the plans were sampled from (the learner's staleness bound)."""
 
 
 class PlanSample(NamedTuple):
@@ -91,13 +93,15 @@ class RolloutRunner:
         """(trajectory, executor seconds, reflection seconds) of rollout ``index`` under ``plan``; its
         progress goes to ``emit``."""
         has_plan = plan.completion is not None
-        planner = PlannerTranscript(plan.prompt_ids, plan.completion.token_ids if plan.completion else [],
-                                    is_sampled=self.strategies.plan.is_policy_sample)
+        # Exploring, a plan is sampled under its form's regex (a replayed one, under its own literal, is an
+        # inference plan: never learned from).
+        planner = PlannerTranscript(plan.prompt_ids, plan.completion, regex=self.strategies.plan.regex,
+                                    policy_version=question.planner_version if question.explore else None)
         run = self._start(question, plan.text, index, emit)
         course = self._course(run, plan.text if has_plan else None)
         first_answer, execute_s = await _timed(self._execute(run, course))
         reflection, replan, reflect_s = "", "", 0.0
-        if self.config.max_replans > 0 and has_plan:
+        if self.config.max_replans > 0 and has_plan and not run.is_context_full:
             (reflection, replan), reflect_s = await _timed(self._reflect(run, planner, first_answer, question.explore))
         final_answer, replan_turn = first_answer, len(run.turns) if replan else -1
         if replan:
@@ -105,7 +109,7 @@ class RolloutRunner:
             execute_s += more_s
         trajectory = Trajectory(run.turns, run.observations, first_answer, final_answer, reflection, replan,
                                 bool(replan), replan_turn, run.num_tool_calls, run.num_successful_tool_calls,
-                                planner.tokens())
+                                planner.tokens(), planner.texts if has_plan else None)
         run.emit("answer", {"answer": final_answer})
         return trajectory, execute_s, reflect_s
 
@@ -154,7 +158,7 @@ class RolloutRunner:
     async def _answer(self, run: ExecutorRun, *, latest_from: int = 0) -> str | None:
         """The trajectory's answer: the Executor's own, or the one its answer strategy asks for
         (``strategies.answer``); the Executor's own when that call fails or says nothing."""
-        own = run.last_answer()
+        own = run.last_answer(whole_turn=not self.strategies.turns.is_structured)
         request = self.strategies.answer.request(run, latest_from)
         if request is None:
             return own
@@ -169,8 +173,10 @@ class RolloutRunner:
         return strip_think(answer).strip() or own
 
     async def _react(self, run: ExecutorRun, max_turns: int, *, answer_last: bool = True) -> None:
-        """Think → tool call or answer, until an answer, a turn without a call, or the turn cap;
-        ``answer_last``: the cap's last turn is the answer-only one (``force_final_answer``)."""
+        """Think → tool call or answer, until an answer, a turn without a call, a full context or the turn
+        cap; ``answer_last``: the cap's last turn is the answer-only one (``force_final_answer``). After
+        the loop, a full context gets the final-answer request (free-form path only)."""
+        role = self.client.role(self.config.roles.executor)
         for turn_index in range(max_turns):
             is_last = answer_last and turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
@@ -178,16 +184,48 @@ class RolloutRunner:
                 run.ask_for_the_answer()
             try:
                 with self.stages("execute_turn"):
-                    (text,) = await complete(self.client.role(self.config.roles.executor), run.messages, options,
-                                             images=run.images)
+                    prompt_ids = await role.render_chat(run.messages)
+                    if self._is_context_full(run, role, len(prompt_ids)):
+                        break
+                    (completion,) = await complete_ids(role, prompt_ids, options, images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
                 run.emit("executor_stopped", {"detail": str(err)})
                 return
-            turn = parse_executor_turn(text)
+            turn = parse_executor_turn(completion.text)
             observation = await self._observe(run, turn)
             run.record(turn, observation)
             if observation is None:
                 return
+        await self._answer_if_context_full(run, role)
+
+    def _is_context_full(self, run: ExecutorRun, role: RoleClient, num_prompt_tokens: int) -> bool:
+        """On the free-form path, after a turn: the rendered conversation has passed
+        ``executor_max_context_share`` of the Executor's context (the reference's 110·1024-token check,
+        ``react_agent.py``). Structured turns run until the engine refuses a prompt, as before."""
+        if self.strategies.turns.is_structured or not run.turns:
+            return False
+        return num_prompt_tokens > self.config.executor_max_context_share * role.max_model_len()
+
+    async def _answer_if_context_full(self, run: ExecutorRun, role: RoleClient) -> None:
+        """The reference's one forced answer, which its check after every turn makes (the turn cap's last
+        one too): when the context is full (``_is_context_full``), the final-answer request replaces the
+        last message and one more turn, as free as the others, ends the trajectory; a tool call it
+        writes is not run. Nothing is forced at the turn cap itself."""
+        if self.strategies.turns.is_structured or not run.turns:
+            return
+        try:
+            with self.stages("execute_turn"):
+                prompt_ids = await role.render_chat(run.messages)
+                if not self._is_context_full(run, role, len(prompt_ids)):
+                    return
+                run.ask_for_the_answer_at_full_context()
+                run.emit("context_full", {"num_prompt_tokens": len(prompt_ids), "max_model_len": role.max_model_len()})
+                (text,) = await complete(role, run.messages, self._turn_options(run, is_last=False),
+                                         images=run.images)
+        except ValueError as err:  # the request still does not fit, or the engine refused it
+            run.emit("executor_stopped", {"detail": str(err)})
+            return
+        run.record(parse_executor_turn(text), None)
 
     def _turn_options(self, run: ExecutorRun, *, is_last: bool) -> SamplingOptions:
         """The Executor's sampling, under the turn policy's regex, with room for the longest turn it allows."""
@@ -227,8 +265,9 @@ class RolloutRunner:
 
         Its conversation continues in token space from the plan exactly as sampled, so the reflection and
         the replan are conditioned on the Planner's own tokens, as the learner will score them; when
-        exploring they are sampled as the learner assumes (rollout temperature, no constraint). ``answer``:
-        the answer the trace led to, which the answer strategy may show after the trace."""
+        exploring they are sampled as the learner assumes (rollout temperature, no constraint), with the
+        sampler's log-prob of each token (the learner's old policy). ``answer``: the answer the trace led
+        to, which the answer strategy may show after the trace."""
         trace = prompts.render_trace(run.question, run.turns, run.observations, self.config.trace_max_words)
         trace += self.strategies.answer.trace_note(answer)
         sampling = self.config.sampling.planner
@@ -237,10 +276,14 @@ class RolloutRunner:
         decision_options = msgspec.structs.replace(
             sampling_options(sampling, regex=regex, temperature=temperature, affinity_key=run.planner_affinity),
             max_tokens=min(sampling.max_tokens, self.config.reflection_max_tokens))
+        if explore:
+            decision_options = with_policy_logprobs(decision_options)
         with self.stages("reflect"):
-            decision = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
-        if decision is None:
+            completion = await self._planner_turn(planner, prompts.REFLECTION.render(trace=trace), decision_options)
+        if completion is None:
             return "", ""
+        planner.record_reflection(completion.text)
+        decision = completion.after_thinking
         if not parse_yes_no(decision):
             return decision, ""
         replan = await self._replan(planner, run, temperature)
@@ -251,28 +294,31 @@ class RolloutRunner:
 
     async def _replan(self, planner: PlannerTranscript, run: ExecutorRun, temperature: float | None) -> str:
         """The revised plan in the plan's form (``strategies.plan``), its thinking stripped; "" when none.
-        One written under a regex is context, not the policy's sample (like such a plan)."""
+        Exploring (``temperature`` set), with the sampler's log-prob of each token."""
         request = self.strategies.plan.replan_request()
         options = sampling_options(self.config.sampling.planner, temperature=temperature, regex=request.regex,
                                    affinity_key=run.planner_affinity)
+        if temperature is not None:
+            options = with_policy_logprobs(options)
         with self.stages("replan"):
-            replan = await self._planner_turn(planner, request.text, with_room_for(options, request.min_tokens),
-                                              is_sampled=request.regex is None)
-        return strip_think(replan) if replan is not None else ""
+            completion = await self._planner_turn(planner, request.text, with_room_for(options, request.min_tokens))
+        if completion is None:
+            return ""
+        planner.record_replan(completion.text)
+        return strip_think(completion.after_thinking)
 
-    async def _planner_turn(self, planner: PlannerTranscript, user_text: str, options: SamplingOptions, *,
-                            is_sampled: bool = True) -> str | None:
-        """One more Planner turn after ``user_text`` (its text after the thinking where the engine's reasoning
-        parser splits it off); None when the context is full or the engine refuses. ``is_sampled``: its tokens
-        are the policy's own samples (else context only, like a regex-written plan)."""
+    async def _planner_turn(self, planner: PlannerTranscript, user_text: str,
+                            options: SamplingOptions) -> Completion | None:
+        """One more Planner turn after ``user_text``, recorded in ``planner`` with the regex it was sampled
+        under; None when the context is full or the engine refuses."""
         role = self.client.role(self.config.roles.planner)
         try:
             prompt = await role.extend_chat(planner.ids(), user_text)
             (completion,) = await complete_ids(role, prompt, options)
         except ValueError:
             return None
-        planner.append(prompt, completion.token_ids, is_sampled=is_sampled)
-        return completion.after_thinking
+        planner.append(prompt, completion, regex=options.regex)
+        return completion
 
 
 async def _timed(work: Awaitable[T]) -> tuple[T, float]:

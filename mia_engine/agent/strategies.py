@@ -9,8 +9,8 @@ fields that chose them.
     the returned answer     TrajectoryAnswer      EvidenceAnswer          (answer_from)
     workflow memory         ManagerSummary        ExtractiveWorkflow / SearchesWorkflow (workflow_summary)
     grading with gold       LLMGrader             StringMatch             (supervised_judge)
-    the closed-book answer  OwnAnswer             ClosedBookChoice        (answer_choice, min_support)
-    judging without gold    ReviewersJudge        GroundedJudge           (unsupervised_judge)
+    the closed-book answer  OwnAnswer             ClosedBookChoice        (answer_choice, closed_book_min_logprob)
+    judging without gold    ReviewersJudge        GroundedJudge           (unsupervised_judge, min_grounding)
 """
 
 from __future__ import annotations
@@ -57,9 +57,15 @@ def choose_strategies(config: AgentConfig, tools: Tools) -> Strategies:
                       EvidenceAnswer(config) if config.answer_from == "evidence" else TrajectoryAnswer(),
                       _workflow_writer(config),
                       StringMatch() if config.supervised_judge == "match" else LLMGrader(config),
-                      ClosedBookChoice(config.min_support) if config.answer_choice == "closed_book" else OwnAnswer(),
-                      GroundedJudge(config.min_support) if config.unsupervised_judge == "grounded"
+                      _answer_chooser(config),
+                      GroundedJudge(config.min_grounding) if config.unsupervised_judge == "grounded"
                       else ReviewersJudge(config))
+
+
+def _answer_chooser(config: AgentConfig) -> AnswerChooser:
+    if config.answer_choice == "closed_book":
+        return ClosedBookChoice(config.closed_book_min_logprob, config.closed_book_confidence)
+    return OwnAnswer()
 
 
 def _plan_form(config: AgentConfig) -> PlanForm:

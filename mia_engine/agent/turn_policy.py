@@ -1,11 +1,18 @@
 """What each Executor turn may be: the structured-output regex of a generated turn, and the calls of
 turns the config fixes whole, which the loop writes instead of generating.
 
-The paper's Executor chooses every turn freely; with structured outputs (``structured_executor``) a
-turn is always well formed. The departures for small models each fix some turns (config fields):
-the first search is the question (``first_query``), an image question starts with the image search
-(``first_image_search``), the first turns must call a tool (``min_tool_calls``), the turn cap's last
-turn must answer (``force_final_answer``). A ``searches`` plan adds its queries to the fixed ones.
+The paper's Executor chooses every turn freely (``structured_executor = false``, as configs/8xgpu.toml
+runs it): the reference generates each turn unconstrained, cuts it after its first ``</tool_call>``, and
+a turn without a call ends the loop. At its turn cap it forces nothing: the trajectory ends without an
+answer (its prediction is then "Sorry, the number of llm calls exceeds the limit." in ``react_agent.py``,
+the last tool-call turn in ``call_agent.py``). Its one forced answer is at the context limit, where a
+prompt asking for the answer replaces the last message (``agent.executor_max_context_share``, in
+``RolloutRunner._react``), and a last turn without ``<answer>`` is read whole as the answer
+(``ExecutorRun.last_answer``). Structured turns do neither.
+With structured outputs a turn is always well formed. The departures for small models each fix some
+turns (config fields): the first search is the question (``first_query``), an image question starts with
+the image search (``first_image_search``), the first turns must call a tool (``min_tool_calls``), the turn
+cap's last turn must answer (``force_final_answer``). A ``searches`` plan adds its queries to the fixed ones.
 """
 
 from __future__ import annotations

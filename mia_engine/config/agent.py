@@ -192,9 +192,10 @@ class AgentConfig(Frozen):
     under a regex, which the Executor runs in order after its first search, then answers (answering
     from the evidence, every turn is then fixed and the loop runs the searches at once); a replan is
     written in the same form, and a workflow memory of such a rollout is its searches, so a later
-    Planner reuses a success by copying it. Tokens written under the regex are not the policy's
-    samples, so the learner does not train on them. For Planners too small to write prose a small
-    Executor can follow (``small_model``)."""
+    Planner reuses a success by copying it. Tokens written under the regex are the policy's samples
+    restricted to what the regex allows; the learner scores them under the same restriction (the
+    grammar's mask replayed over them), so test-time learning updates the Planner in either form. For
+    Planners too small to write prose a small Executor can follow (``small_model``)."""
     replay_min_similarity: float | None = None
     """At inference (one greedy plan, no learning), when the best positive memory retrieved is of a
     question with a raw cosine at least this to the question, the Planner writes exactly that memory's
@@ -217,7 +218,8 @@ class AgentConfig(Frozen):
     force_final_answer: bool = True
     """With structured outputs, the Executor's last allowed turn may only answer, so a trajectory that
     reaches the turn cap still ends with its best answer (small models rarely stop searching by
-    themselves); False = the reference's behaviour."""
+    themselves); False = the reference's behaviour (nothing forced at the cap), which configs/8xgpu.toml
+    runs."""
     answer_from: Literal["trajectory", "evidence"] = "trajectory"
     """Where the returned answer comes from. ``trajectory``: the Executor's own ``<answer>`` (paper,
     reference). ``evidence``: after the ReAct loop, one short Executor call that sees only the question
@@ -237,35 +239,60 @@ class AgentConfig(Frozen):
     answer_choice: Literal["own", "closed_book"] = "own"
     """Which answer a rollout returns. ``own``: its own (paper, reference). ``closed_book``: beside the
     research, the Manager's model is asked the question alone (no tools), and that closed-book answer
-    is returned instead of the rollout's when the rollout's is degenerate or the passages support it
-    better (``answer_choice.py`` states the rule). For readers small enough to be misled by an unrelated
-    passage about facts the model knows (``small_model``). Text questions of the full loop only (not
-    the plain-ReAct baseline)."""
-    min_support: float = 0.5
-    """Share in [0, 1] of a question's weighted key terms a passage must hold, besides the answer's
-    claim, to support the answer (the ``closed_book`` choice and the ``grounded`` judge): below it the
-    passage is taken to be about something else."""
+    is returned instead of the rollout's when the model is confident in it (``closed_book_min_logprob``)
+    or the rollout's is empty: adaptive retrieval by the model's confidence (Mallen et al., 2023; FLARE,
+    Jiang et al., 2023; ``answer_choice.py`` states the rule). For readers small enough to be misled by
+    an unrelated passage about facts the model knows (``small_model``). Text questions of the full loop
+    only (not the plain-ReAct baseline)."""
+    closed_book_confidence: Literal["mean", "min"] = "mean"
+    """How the closed-book answer's token log-probs make one confidence: ``mean`` = the length-normalised
+    sequence log-likelihood; ``min`` = the least likely token's (FLARE's test). Chosen with the threshold
+    on a dev split (``bench/calibrate_choice.py``)."""
+    closed_book_min_logprob: float = -0.24
+    """Confidence (nats per token, <= 0) at or above which the closed-book answer is returned instead of
+    the rollout's (``answer_choice = "closed_book"``); -0.24 is a mean token probability of about 0.79.
+    The default is the value ``bench/calibrate_choice.py`` picks for the embedded default on its dev
+    splits; a model's log-probs are its own scale, so recalibrate it for another model. -inf: always the
+    closed-book answer; 0: only a certain one."""
+    min_grounding: float = 0.58
+    """Score in [0, 1] at or above which the ``grounded`` judge calls an answer correct: the relevance of
+    the best passage to the question times the share of the answer it holds, both IDF-weighted shares of
+    character n-grams (``evidence_support.py``). The default is the value ``bench/calibrate_choice.py``
+    picks for the embedded default on its dev splits (the best agreement with gold there); lower it for
+    more recall, raise it for more precision."""
     unsupervised_judge: Literal["reviewers", "grounded"] = "reviewers"
     """How an answer is judged without ground truth (test-time learning). ``reviewers``: three LLM
-    reviewers and an Area Chair (paper, reference). ``grounded``: correct iff the answer is not
-    degenerate and a retrieved passage about the question's subject states it (``min_support``), by
-    string rules, no model call. For judge models whose reviews are near random (``small_model``)."""
+    reviewers and an Area Chair (paper, reference). ``grounded``: correct iff a retrieved passage about
+    the question's subject states the answer (``min_grounding``), by string overlap in any script, no
+    model call, and independent of the answer choice's confidence. For judge models whose reviews are
+    near random (``small_model``)."""
     # ---- end of the departures ----
 
     structured_executor: bool = True
-    """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs)."""
+    """Constrain Executor turns to ``executor_turn_regex`` (vLLM structured outputs), so a small model's
+    turns are always well formed; False = the paper's free-form turns, the tool call parsed from the text
+    (configs/8xgpu.toml)."""
     structured_judges: bool = True
     """Constrain grader, reviewers, Area Chair and Router outputs (letter regex / JSON schema)."""
     regex: RegexLimits = RegexLimits()
     """Bounds of the Executor regex."""
+    executor_max_context_share: float = 0.88
+    """On the free-form path (``structured_executor = false``), the share of the Executor engine's
+    ``max_model_len`` (tokens of the rendered prompt) past which its next turn is not generated: the
+    final-answer request (``prompts.CONTEXT_FULL_ANSWER``) replaces the last message, one more
+    unconstrained turn ends the trajectory, and no reflection follows, as in the reference. 0.88: the
+    reference's threshold, 110·1024 tokens of its Executor's 128,000-token context (Qwen2.5-VL-7B); the
+    rest holds the next turn (``sampling.executor.max_tokens``, the reference's 10,000) and the images,
+    which a rendered prompt counts as a placeholder each. Unused with structured turns, where a full
+    context ends the trajectory."""
     executor_stop: tuple[str, ...] = ("<tool_response>",)
     """Stop strings of an Executor turn: the model must not write the tool's answer itself."""
     sampling: StageSampling = StageSampling()
     """Sampling of each stage (``[agent.sampling]``)."""
     planner_rollout_temperature: float = 1.0
     """Planner temperature when sampling G > 1 plans or learning: the plan, the reflection and the
-    replan are then all sampled at it, unconstrained, from the policy the learner trains (its
-    ``learner.temperature`` must be the same)."""
+    replan are then all sampled at it from the policy the learner trains (its ``learner.temperature``
+    must be the same); at 1, the engine's log-probs of the sampled tokens are the learner's old policy."""
     reflection_max_tokens: int = 512
     """Budget of the yes/no reflection (a short think is allowed, as in the reference)."""
     rewards: RewardWeights = RewardWeights()
@@ -293,7 +320,9 @@ class AgentConfig(Frozen):
         require(min(words) >= 1, "word limits must be >= 1")
         require(0.0 < self.planner_rollout_temperature <= 2.0, "planner_rollout_temperature must be in (0, 2]")
         require(self.advantage_eps > 0, "advantage_eps must be > 0")
-        require(0.0 <= self.min_support <= 1.0, "min_support must be in [0, 1]")
+        require(self.closed_book_min_logprob <= 0.0, "closed_book_min_logprob must be <= 0 (a log-prob)")
+        require(0.0 <= self.min_grounding <= 1.0, "min_grounding must be in [0, 1]")
+        require(0.0 < self.executor_max_context_share <= 1.0, "executor_max_context_share must be in (0, 1]")
 
     @classmethod
     def for_profile(cls, profile: str, **fields: Any) -> AgentConfig:

@@ -1,7 +1,8 @@
 """Configuration of the test-time learner (one frozen struct, ``[learner]`` in the root config).
 
 The defaults are the paper's test-time update (MIA algorithm 3, step 7): GRPO with the clipped ratio
-objective, token-level mean over the Planner's own tokens, no KL term, lr 1e-6, one epoch.
+objective, token-level mean over the Planner's own tokens, no KL term, one epoch; the learning rate is a
+LoRA's (the paper's 1e-6 is the reference's full fine-tuning rate).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class LearnerConfig(Frozen):
     """Updates waiting or running at most. A full batch that finds this many waits for one to finish
     (backpressure on the learning requests, as the reference's batch t+1 waits for t's update) instead of
     piling up batches of samples in memory."""
+    max_sample_staleness: int = 4
+    """How many Planner adapter versions behind the one serving a rollout may have been sampled and still
+    be trained on; older ones are left out of the update (logged, and counted in
+    ``StepResult.num_skipped_stale``). The clipped ratio corrects a policy a few updates behind the
+    learner (the old log-probs are the sampler's), not one many updates back, whose tokens the clip would
+    mostly silence. 4 (AReaL's default bound, Fu et al. 2025) covers the batches an update queue keeps
+    (``max_queued_updates``) plus the questions answered meanwhile at a few in flight; 0 = strictly
+    on-policy (only rollouts of the version serving now)."""
     device: str = "cpu"
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
@@ -38,8 +47,12 @@ class LearnerConfig(Frozen):
     """Dtype of the base weights in the learner (bfloat16 on a GPU); LoRA weights stay float32 (PEFT
     upcasts them; the optimizer updates them) and are published in the serving engine's dtype. Below
     float32 the forward runs under autocast to this dtype, LoRA matmuls included; log-probs are float32."""
-    lr: float = 1e-6
-    """AdamW learning rate (paper: 1e-6)."""
+    lr: float = 1e-4
+    """AdamW learning rate of the LoRA weights. The reference's 1e-6 is a full fine-tuning rate: on a LoRA
+    it moves the policy by nothing measurable. 1e-4 is the order LoRA is trained at (Hu et al. 2021:
+    2e-4), picked from a measured curve of learning rates on the embedded default's dev split (the KL
+    between consecutive Planner versions, the reward, the drift from the sampling engine;
+    ``bench/bench_lr_curve.py``): the policy moves at it, and ten times more overshoots."""
     clip_eps: float = 0.2
     """PPO clip range ε: the ratio is clipped to [1 − ε, 1 + ε_high]."""
     clip_eps_high: float | None = None
@@ -108,6 +121,8 @@ class LearnerConfig(Frozen):
         require(bool(self.device.strip()), "learner.device must not be empty")
         require(self.batch_size >= 1, f"learner.batch_size must be >= 1, got {self.batch_size}")
         require(self.max_queued_updates >= 1, f"learner.max_queued_updates must be >= 1, got {self.max_queued_updates}")
+        require(self.max_sample_staleness >= 0,
+                f"learner.max_sample_staleness must be >= 0, got {self.max_sample_staleness}")
         require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
         require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
         require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")

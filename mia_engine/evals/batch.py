@@ -135,6 +135,7 @@ def _update_row(report: Any) -> dict[str, Any]:
     return {"update": True, "is_published": report.is_published, "reason": report.reason,
             "adapter_version": report.adapter_version, "reward_mean": step.reward_mean, "reward_std": step.reward_std,
             "loss": step.loss, "update_seconds": step.step_seconds, "swap_seconds": report.publish_seconds,
+            "sampler_gap_mean": step.sampler_gap_mean, "num_skipped_stale": step.num_skipped_stale,
             "time": time.time()}
 
 

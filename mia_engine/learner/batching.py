@@ -1,10 +1,12 @@
 """Batching for the Planner's learner: judged rollouts → prepared sequences → padded micro-batches.
 
-``GRPOSample`` is what the learner takes. ``check_samples`` rejects malformed ones, ``prepare``
-computes group advantages and each sequence's Planner-token mask (dropping groups with no reward spread
-and sequences with no Planner token), ``drop_long`` leaves out over-long ones, and ``micro_batches``
-sorts them by length and right-pads them into the tensors of one forward pass each. No model and no
-optimizer here: ``learner.PlannerLearner`` takes the GRPO step on these batches.
+``GRPOSample`` is what the learner takes. ``check_samples`` rejects malformed ones, ``drop_stale`` leaves
+out those sampled too many adapter versions ago, ``prepare`` computes group advantages and each
+sequence's Planner-token mask (dropping groups with no reward spread and sequences with no Planner
+token), ``drop_long`` leaves out over-long ones, and ``micro_batches`` sorts them by length and
+right-pads them into the tensors of one forward pass each, with where each span sampled under a regex
+lies (``GrammarRun``). No model and no optimizer here: ``learner.PlannerLearner`` takes the GRPO step on
+these batches.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ import msgspec
 import torch
 
 from ..agent.rewards import group_advantages
+from .grpo import TokenMask
+
+
+class GrammarSpan(msgspec.Struct, frozen=True):
+    """Completion tokens ``[start, end)`` that the sampling engine drew under structured outputs: ``regex``
+    masked the logits at each of them (the learner scores them under the same mask)."""
+
+    start: int
+    end: int
+    regex: str
 
 
 class GRPOSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,8 +42,15 @@ class GRPOSample(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     """The rollout's reward (MIA Eq. 4)."""
     old_logprobs: list[float] | None = None
-    """Per completion token, the log-prob under the sampling policy (vLLM) for importance correction;
-    None = the learner's own detached log-probs (ratio 1, the on-policy case)."""
+    """Per completion token, its log-prob under the policy that sampled it (the engine's sampler, after
+    any structured-output mask), the old policy of the ratio; NaN for a token without one and None for
+    all: there the learner's own detached log-probs before the update stand in (ratio 1 at the first
+    epoch, the on-policy case)."""
+    grammar_spans: list[GrammarSpan] = []
+    """The completion's spans sampled under a regex (none: every token was sampled freely)."""
+    policy_version: int | None = None
+    """The Planner adapter version that sampled it (the adapter registry's number); None = unknown, never
+    counted stale (``LearnerConfig.max_sample_staleness``)."""
     group_id: str
     """Rollouts of the same question share it; advantages are computed within a group."""
 
@@ -45,6 +64,19 @@ class PreparedSequence:
     mask: list[float]
     old_logprobs: list[float] | None
     advantage: float
+    grammar_spans: list[GrammarSpan]
+
+
+@dataclass(frozen=True)
+class GrammarRun:
+    """A span sampled under ``regex``, in one micro-batch: tokens ``input_ids[seq, first:first + length]``,
+    scored at the flattened rows ``row..row + length - 1`` of its (b, K-1) log-probs."""
+
+    seq: int
+    first: int
+    length: int
+    row: int
+    regex: str
 
 
 @dataclass
@@ -54,10 +86,11 @@ class MicroBatch:
     input_ids: torch.Tensor  # (b, T)
     attention_mask: torch.Tensor  # (b, T)
     loss_mask: torch.Tensor  # (b, T-1), float
-    old_logp: torch.Tensor  # (b, T-1), float32; valid where has_old
-    has_old: torch.Tensor  # (b,) bool
+    old_logp: torch.Tensor  # (b, T-1), float32; NaN where the sample gave none
     advantages: torch.Tensor  # (b,)
     start: int  # first position whose logits are needed (min prompt length − 1)
+    grammar_runs: list[GrammarRun]  # spans sampled under a regex
+    token_mask: TokenMask | None = None  # their grammar masks, built by the learner on first use
 
 
 def check_samples(samples: list[GRPOSample], vocab_size: int) -> None:
@@ -72,9 +105,21 @@ def check_samples(samples: list[GRPOSample], vocab_size: int) -> None:
             raise ValueError(f"sample {i}: completion_mask has {len(s.completion_mask)} entries for {n} tokens")
         if s.old_logprobs is not None and len(s.old_logprobs) != n:
             raise ValueError(f"sample {i}: old_logprobs has {len(s.old_logprobs)} entries for {n} tokens")
+        if any(not 0 <= span.start < span.end <= n for span in s.grammar_spans):
+            raise ValueError(f"sample {i}: a grammar span lies outside its {n} completion tokens")
         ids = s.prompt_ids + s.completion_ids
         if min(ids) < 0 or max(ids) >= vocab_size:
             raise ValueError(f"sample {i}: token id outside the vocabulary (0..{vocab_size - 1})")
+
+
+def drop_stale(samples: list[GRPOSample], version: int | None,
+               max_staleness: int) -> tuple[list[GRPOSample], int]:
+    """Samples whose ``policy_version`` is at most ``max_staleness`` versions behind ``version`` (the one
+    serving now; None = unknown, nothing dropped), and how many were left out."""
+    if version is None:
+        return samples, 0
+    kept = [s for s in samples if s.policy_version is None or version - s.policy_version <= max_staleness]
+    return kept, len(samples) - len(kept)
 
 
 def prepare(samples: list[GRPOSample], eps: float) -> tuple[list[PreparedSequence], int]:
@@ -111,7 +156,7 @@ def _sequence(sample: GRPOSample, advantage: float) -> PreparedSequence | None:
     if not any(mask):
         return None
     return PreparedSequence(sample.prompt_ids + sample.completion_ids, len(sample.prompt_ids), mask,
-                            sample.old_logprobs, advantage)
+                            sample.old_logprobs, advantage, list(sample.grammar_spans))
 
 
 def _collate(sequences: list[PreparedSequence], pad_id: int, device: torch.device) -> MicroBatch:
@@ -120,7 +165,7 @@ def _collate(sequences: list[PreparedSequence], pad_id: int, device: torch.devic
     input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # (b, T)
     attention_mask = torch.zeros((b, t), dtype=torch.long)  # (b, T)
     loss_mask = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
-    old_logp = torch.zeros((b, t - 1), dtype=torch.float32)  # (b, T-1)
+    old_logp = torch.full((b, t - 1), float("nan"), dtype=torch.float32)  # (b, T-1)
     for i, s in enumerate(sequences):
         n, first = len(s.token_ids), s.prompt_len - 1
         input_ids[i, :n] = torch.tensor(s.token_ids)
@@ -128,8 +173,17 @@ def _collate(sequences: list[PreparedSequence], pad_id: int, device: torch.devic
         loss_mask[i, first:n - 1] = torch.tensor(s.mask)
         if s.old_logprobs is not None:
             old_logp[i, first:n - 1] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    has_old = torch.tensor([s.old_logprobs is not None for s in sequences])  # (b,)
     advantages = torch.tensor([s.advantage for s in sequences], dtype=torch.float32)  # (b,)
     start = min(s.prompt_len for s in sequences) - 1
     return MicroBatch(input_ids.to(device), attention_mask.to(device), loss_mask.to(device),
-                      old_logp.to(device), has_old.to(device), advantages.to(device), start)
+                      old_logp.to(device), advantages.to(device), start, _grammar_runs(sequences, t, start))
+
+
+def _grammar_runs(sequences: list[PreparedSequence], t: int, start: int) -> list[GrammarRun]:
+    """Where each grammar span's tokens lie: completion token j of sequence i is ``input_ids[i, P + j]``,
+    scored at position P − 1 + j, which is row i·(T − 1 − start) + P − 1 + j − start of the flattened
+    (b, K-1) log-probs."""
+    width = t - 1 - start
+    return [GrammarRun(i, s.prompt_len + span.start, span.end - span.start,
+                       i * width + s.prompt_len - 1 + span.start - start, span.regex)
+            for i, s in enumerate(sequences) for span in s.grammar_spans]

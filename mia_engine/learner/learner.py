@@ -1,8 +1,10 @@
 """The Planner's test-time learner: a PEFT copy of the Planner that takes GRPO steps on judged rollouts.
 
-One ``step`` per batch (MIA algorithm 3, step 7): group advantages → padded micro-batches → token
-log-probs (``logit_chunk_size`` positions' logits at a time) → clipped surrogate loss → accumulated
-gradients → clipped AdamW step on the LoRA weights only. A step that would make the policy non-finite
+One ``step`` per batch (MIA algorithm 3, step 7): stale samples left out → group advantages → padded
+micro-batches → token log-probs (``logit_chunk_size`` positions' logits at a time; a token sampled under
+a regex scored under the grammar mask it was sampled with, ``grammar_mask``) → clipped surrogate loss
+against the sampling engine's log-probs (the learner's own where none came) → accumulated gradients →
+clipped AdamW step on the LoRA weights only. A step that would make the policy non-finite
 is rejected and leaves the weights bit-identical, so one poisoned batch can never reach the serving
 engine. ``save_adapter`` writes the weights in the PEFT layout vLLM loads.
 
@@ -12,76 +14,30 @@ Synchronous and not thread-safe: the server runs ``step`` in an executor, one ca
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..base.files import atomic_dir
-from .batching import GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, micro_batches, prepare
+from .batching import (GRPOSample, MicroBatch, PreparedSequence, check_samples, drop_long, drop_stale, micro_batches,
+                       prepare)
 from ..config.learner import LearnerConfig
-from .grpo import chunked_token_logprobs, grpo_loss
+from .grammar_mask import GrammarReplay
+from .grpo import TokenMask, chunked_token_logprobs, grpo_loss
 from .model import autocast, decoder_and_head, load_peft_model
+from .step_result import StepResult, StepSummary, StepTotals
+
+log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-_TOKEN_STATS = ("clip_fraction", "ratio_mean", "kl")
 _LORA_PARAM = re.compile(r"\.(lora_[AB])\.default\.weight$")
-
-
-class StepResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What one ``step`` did; ``is_accepted`` False means the adapter is exactly as before."""
-
-    is_accepted: bool
-    reason: str
-    """Why the step was rejected (or skipped); empty when accepted."""
-    loss: float
-    """Full-batch loss of the first epoch (before any update in this step)."""
-    grad_norm: float
-    """Global gradient norm of the first epoch, before clipping."""
-    num_sequences: int
-    """Sequences that contributed (groups with a reward spread, at least one Planner token)."""
-    num_tokens: int
-    """Planner tokens that contributed."""
-    reward_mean: float
-    reward_std: float
-    clip_fraction: float
-    """Share of contributing tokens whose clipped term was the minimum (no gradient), first epoch."""
-    ratio_mean: float
-    kl: float
-    """Mean k3 KL to the adapter-free model (0 unless ``kl_beta`` > 0)."""
-    num_skipped_groups: int
-    """Groups whose rewards were all equal (zero advantage)."""
-    num_skipped_long: int = 0
-    """Rollouts left out for being longer than ``max_seq_len``."""
-    step_seconds: float
-    version: int
-    """The learner's version after the step; incremented on each accepted step, never decremented."""
-
-
-@dataclass
-class _Pass:
-    """Totals of one accumulation pass over all micro-batches."""
-
-    loss: float = 0.0
-    num_tokens: int = 0
-    token_stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_TOKEN_STATS, 0.0))
-    failure: str = ""
-
-    def add(self, loss: float, num_tokens: int, stats: dict[str, float]) -> None:
-        self.loss += loss
-        self.num_tokens += num_tokens
-        for name in self.token_stats:
-            self.token_stats[name] += stats[name] * num_tokens
-
-    def mean(self, name: str) -> float:
-        return self.token_stats[name] / max(self.num_tokens, 1)
 
 
 class PlannerLearner:
@@ -101,18 +57,28 @@ class PlannerLearner:
         self._optimizer = self._new_optimizer()
         self._pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self._grammar = GrammarReplay(Path(base_dir), self._vocab_size)
         self.version = 0
 
     # ----- public API -------------------------------------------------------------------------------
 
-    def step(self, samples: list[GRPOSample]) -> StepResult:
+    def step(self, samples: list[GRPOSample], policy_version: int | None = None) -> StepResult:
         """One GRPO update from a batch of judged rollouts; rejected (weights untouched) if non-finite.
+        ``policy_version``: the Planner adapter version serving now; samples more than
+        ``max_sample_staleness`` versions older are left out (None: none are).
 
         Raises ValueError for malformed samples (misaligned masks or log-probs, unknown token ids)."""
         started = time.perf_counter()
         check_samples(samples, self._vocab_size)
+        samples, num_stale = drop_stale(samples, policy_version, self.config.max_sample_staleness)
+        if num_stale:
+            log.warning("left %d stale rollouts out of the update: sampled more than %d versions before v%s",
+                        num_stale, self.config.max_sample_staleness, policy_version)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)  # (N,)
-        summary = _Summary(rewards, started)
+        summary = StepSummary(rewards, started)
+        summary.num_skipped_stale = num_stale
+        if not samples:
+            return summary.rejected("every rollout of the batch is stale", self.version)
         if not bool(torch.isfinite(rewards).all()):
             return summary.rejected("non-finite reward in the batch", self.version)
         sequences, num_skipped = prepare(samples, self.config.advantage_eps)
@@ -137,6 +103,21 @@ class PlannerLearner:
                  for key, p in self._params.items()}
         self._optimizer.zero_grad(set_to_none=True)
         return grads
+
+    def token_logprobs(self, samples: list[GRPOSample]) -> list[torch.Tensor]:
+        """Per sample, (C,) float32 log-probs of its completion tokens under the current weights, each token
+        as the step scores it (under its grammar mask where it was sampled under one); no update.
+
+        For diagnostics (the KL between consecutive versions on the same samples: bench/bench_lr_curve.py)."""
+        check_samples(samples, self._vocab_size)
+        out = []
+        with torch.no_grad():
+            for s in samples:  # one at a time: no padding to undo
+                sequence = PreparedSequence(s.prompt_ids + s.completion_ids, len(s.prompt_ids),
+                                            [1.0] * len(s.completion_ids), None, 0.0, list(s.grammar_spans))
+                (batch,) = micro_batches([sequence], 1, self._pad_id, self.device)
+                out.append(self._token_logprobs(batch)[0].float().cpu())  # start = P − 1: (C,)
+        return out
 
     def save_adapter(self, out_dir: Path) -> Path:
         """Write the current LoRA weights as a PEFT folder, atomically (temp folder + rename).
@@ -185,7 +166,7 @@ class PlannerLearner:
 
     # ----- training ---------------------------------------------------------------------------------
 
-    def _train(self, sequences: list[PreparedSequence], summary: _Summary) -> StepResult:
+    def _train(self, sequences: list[PreparedSequence], summary: StepSummary) -> StepResult:
         """Run the epochs as one transaction: any failure or exception restores the weights exactly."""
         snapshot = self._snapshot()
         try:
@@ -199,7 +180,7 @@ class PlannerLearner:
         self.version += 1
         return summary.accepted(self.version)
 
-    def _run_epochs(self, sequences: list[PreparedSequence], summary: _Summary) -> str:
+    def _run_epochs(self, sequences: list[PreparedSequence], summary: StepSummary) -> str:
         """The configured number of updates on one batch; the first failure's reason, or ""."""
         batches = self._micro_batches(sequences)
         normalizer = _normalizer(sequences, self.config.aggregation)
@@ -212,7 +193,7 @@ class PlannerLearner:
         return ""
 
     def _epoch(self, batches: list[MicroBatch], normalizer: float, *,
-               first_epoch: bool) -> tuple[str, _Pass, float]:
+               first_epoch: bool) -> tuple[str, StepTotals, float]:
         """Accumulate, check, clip, update: (failure reason or "", totals, grad norm before clipping)."""
         self._optimizer.zero_grad(set_to_none=True)
         totals = self._accumulate(batches, normalizer, first_epoch=first_epoch)
@@ -223,11 +204,11 @@ class PlannerLearner:
             return f"non-finite gradient (norm {grad_norm})", totals, grad_norm
         return self._apply_update(), totals, grad_norm
 
-    def _accumulate(self, batches: list[MicroBatch], normalizer: float, *, first_epoch: bool) -> _Pass:
+    def _accumulate(self, batches: list[MicroBatch], normalizer: float, *, first_epoch: bool) -> StepTotals:
         """Backward of every micro-batch, each divided by the full batch's normalizer so grads add up."""
-        totals = _Pass()
+        totals = StepTotals()
         for batch in batches:
-            loss, stats = self._micro_batch_loss(batch, normalizer, first_epoch=first_epoch)
+            loss, stats = self._micro_batch_loss(batch, normalizer, totals, first_epoch=first_epoch)
             if not bool(torch.isfinite(loss)):
                 totals.loss += float(loss)
                 totals.failure = f"non-finite loss ({float(loss)})"
@@ -236,13 +217,15 @@ class PlannerLearner:
             totals.add(loss.item(), int(batch.loss_mask[:, batch.start:].sum()), stats)
         return totals
 
-    def _micro_batch_loss(self, batch: MicroBatch, normalizer: float, *,
+    def _micro_batch_loss(self, batch: MicroBatch, normalizer: float, totals: StepTotals, *,
                           first_epoch: bool) -> tuple[torch.Tensor, dict[str, float]]:
         logp = self._token_logprobs(batch)  # (b, K-1)
         mask = batch.loss_mask[:, batch.start:]  # (b, K-1)
-        if first_epoch:  # later epochs keep the pre-update log-probs as the old policy
-            own = ~batch.has_old.unsqueeze(1)  # (b, 1)
-            batch.old_logp[:, batch.start:] = torch.where(own, logp.detach(), batch.old_logp[:, batch.start:])
+        if first_epoch:  # the sampler's log-probs are the old policy; the learner's own where none came
+            old = batch.old_logp[:, batch.start:]  # (b, K-1), NaN where none came
+            given = ~torch.isnan(old)
+            totals.add_gaps((logp.detach() - old)[given & (mask > 0)].abs())
+            batch.old_logp[:, batch.start:] = torch.where(given, old, logp.detach())
         ref_logp = self._reference_logprobs(batch) if self.config.kl_beta > 0 else None
         return grpo_loss(logp, batch.old_logp[:, batch.start:], batch.advantages, mask,
                          clip_eps=self.config.clip_eps, clip_eps_high=self.config.clip_eps_high,
@@ -258,8 +241,32 @@ class PlannerLearner:
             scored = hidden[:, batch.start:-1]  # (b, K-1, H): the last position scores no token
             targets = batch.input_ids[:, batch.start + 1:]  # (b, K-1)
             logp = chunked_token_logprobs(scored.reshape(-1, scored.shape[-1]), targets.reshape(-1), self._head,
-                                          self.config.temperature, self.config.logit_chunk_size)  # (b·(K-1),)
+                                          self.config.temperature, self.config.logit_chunk_size,
+                                          self._token_mask(batch))  # (b·(K-1),)
         return logp.view(targets.shape)  # (b, K-1)
+
+    def _token_mask(self, batch: MicroBatch) -> TokenMask | None:
+        """The grammar masks of the batch's spans sampled under a regex (built once per micro-batch). A span
+        the grammar rejects was not sampled under it: it leaves the loss, with a warning."""
+        if not batch.grammar_runs:
+            return None
+        if batch.token_mask is None:
+            rows, bitmasks = [], []
+            for run in batch.grammar_runs:
+                tokens = batch.input_ids[run.seq, run.first:run.first + run.length].tolist()
+                bitmask = self._grammar.bitmask(run.regex, tokens)
+                if bitmask is None:
+                    log.warning("a Planner span of %d tokens does not match the regex it was sampled under; "
+                                "left out of the update", run.length)
+                    batch.loss_mask[run.seq, run.first - 1:run.first - 1 + run.length] = 0.0
+                    continue
+                rows.append(torch.arange(run.row, run.row + run.length))
+                bitmasks.append(bitmask)
+            device = batch.input_ids.device
+            batch.token_mask = TokenMask(torch.cat(rows).to(device), torch.cat(bitmasks).to(device)) if rows else \
+                TokenMask(torch.zeros(0, dtype=torch.long, device=device), torch.zeros((0, 1), dtype=torch.int32,
+                                                                                      device=device))
+        return batch.token_mask
 
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """The KL reference: the same model with the adapter disabled."""
@@ -302,39 +309,6 @@ class PlannerLearner:
                 param.copy_(weights[key])
         self._optimizer.load_state_dict(optimizer_state)
         self._optimizer.zero_grad(set_to_none=True)
-
-class _Summary:
-    """Collects the numbers of a step and builds its StepResult."""
-
-    def __init__(self, rewards: torch.Tensor, started: float) -> None:
-        self.started = started
-        self.reward_mean = float(rewards.mean())
-        self.reward_std = float(rewards.std(unbiased=False))
-        self.num_skipped_groups = 0
-        self.num_skipped_long = 0
-        self.totals = _Pass()
-        self.num_sequences = 0
-        self.grad_norm = math.nan
-
-    def record(self, totals: _Pass, grad_norm: float) -> None:
-        self.totals, self.grad_norm = totals, grad_norm
-
-    def accepted(self, version: int) -> StepResult:
-        return self._result(True, "", version)
-
-    def rejected(self, reason: str, version: int) -> StepResult:
-        return self._result(False, reason, version)
-
-    def _result(self, is_accepted: bool, reason: str, version: int) -> StepResult:
-        t = self.totals
-        return StepResult(
-            is_accepted=is_accepted, reason=reason, loss=t.loss if t.num_tokens else math.nan,
-            grad_norm=self.grad_norm, num_sequences=self.num_sequences, num_tokens=t.num_tokens,
-            reward_mean=self.reward_mean, reward_std=self.reward_std, clip_fraction=t.mean("clip_fraction"),
-            ratio_mean=t.mean("ratio_mean"), kl=t.mean("kl"), num_skipped_groups=self.num_skipped_groups,
-            num_skipped_long=self.num_skipped_long,
-            step_seconds=time.perf_counter() - self.started, version=version)
-
 
 # ----- helpers --------------------------------------------------------------------------------------
 

@@ -28,10 +28,11 @@ import torch
 
 from ..devices import thread_binder
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
-from .batching import GRPOSample
+from .batching import GrammarSpan, GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path, remove_staging
 from ..config.learner import LearnerConfig
-from .learner import PlannerLearner, StepResult
+from .learner import PlannerLearner
+from .step_result import StepResult
 from .model import check_trainable_base
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,12 @@ class TestTimeLearner:
     def is_ready(self) -> bool:
         return self._learner is not None
 
+    @property
+    def planner_learner(self) -> PlannerLearner | None:
+        """The trainable copy of the Planner (None until started, or once learning is off), for diagnostics
+        that score samples under its weights (``PlannerLearner.token_logprobs``)."""
+        return self._learner
+
     async def submit(self, group: list[GRPOSample]) -> None:
         """Queue one question's rollouts; a full batch starts an update in the background, after waiting
         while ``max_queued_updates`` are already queued (the backlog stays bounded)."""
@@ -152,7 +159,7 @@ class TestTimeLearner:
             raise AdapterError("the test-time learner is not loaded")
         async with self._lock:
             loop = asyncio.get_running_loop()
-            step = await loop.run_in_executor(self._thread, self._learner.step, samples)
+            step = await loop.run_in_executor(self._thread, self._learner.step, samples, self._live_version())
             report = await self._publish(step) if step.is_accepted else UpdateReport(
                 step, False, step.reason, self._live_version(), 0.0)
         self._record(report)
@@ -303,8 +310,11 @@ def serving_dtype(base_dir: Path, engine_dtype: str) -> torch.dtype:
 
 def rollout_samples(rollouts: list[Any], group_id: str) -> list[GRPOSample]:
     """GRPO samples of one question's judged rollouts: per rollout, the Planner's tokens as sampled (plan,
-    reflection, replan; template turns and everything else masked out) and the rollout's reward."""
+    reflection, replan; template turns and everything else masked out), the sampler's log-prob of each,
+    the spans written under a regex, the adapter version that sampled them, and the rollout's reward."""
     return [GRPOSample(prompt_ids=t.prompt_ids, completion_ids=t.completion_ids, completion_mask=t.completion_mask,
+                       old_logprobs=t.logprobs, policy_version=t.policy_version,
+                       grammar_spans=[GrammarSpan(s.start, s.end, s.regex) for s in t.segments if s.regex is not None],
                        reward=r.reward, group_id=group_id)
             for r in rollouts if (t := r.trajectory.planner) is not None]
 

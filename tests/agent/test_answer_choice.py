@@ -1,183 +1,143 @@
-"""The closed-book choice and the evidence-grounded judge: the string rules (``evidence_support.py``),
-the rule between the two answers (``answer_choice.py``), and the loop that asks the candidate beside the
-research (the fake engine of ``test_loop.py``: pure logic only)."""
+"""The closed-book choice: the model's confidence in its closed-book answer decides between it and the
+rollout's own (``answer_choice.py``), for answers in any script and of any kind, and the loop that asks the
+candidate with its log-probs beside the research (the fake engine of ``test_loop.py``: pure logic only)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import msgspec
 import pytest
 
-from mia_engine.agent.answer_choice import ClosedBookChoice, OwnAnswer
-from mia_engine.agent.evidence_support import (QuestionTerms, is_degenerate, passages_of, relevance, salvage,
-                                               support)
-from mia_engine.agent.loop import ResearchRequest
+from mia_engine.agent.answer_choice import ClosedBookAnswer, ClosedBookChoice, OwnAnswer
+from mia_engine.agent.llm import Completion
+from mia_engine.agent.loop import ResearchAgent, ResearchRequest
+from mia_engine.config.agent import AgentConfig
+from mia_engine.config.tools import ToolsConfig
+from mia_engine.engines.client import TokenLogprob
+from mia_engine.tools.registry import Tools
 
-from .test_loop import CALL, agent_with, role_script
+from .test_loop import CALL, FakeClient, FakeMemory, FakeSearch, role_script
 
-HUGO = "Doc 1(Title: Les Misérables) Les Misérables is an 1862 novel by the French writer Victor Hugo."
-MONET = "Doc 1(Title: Claude Monet) Claude Monet was a French painter, a founder of Impressionism."
-QUESTION = 'Who wrote the 1862 novel "Les Misérables"?'
-
-
-@pytest.mark.parametrize("answer", [
-    "", "   ", "The answer is:", "The answer is: .", "The author of \"Les Misérables\" is not specified.",
-    "The passage does not mention the author.", "Unknown", "I don't know", "Les Misérables",
-    "The 1862 novel Les Misérables", "The original question asks who wrote Les Misérables.",
-    "Victor Hugo is not explicitly mentioned in the passage.", None])
-def test_an_answer_that_answers_nothing_is_degenerate(answer: str | None) -> None:
-    assert is_degenerate(answer, QuestionTerms.of(QUESTION))
+CHOICE = ClosedBookChoice(min_logprob=-0.5)
+SURE, UNSURE = math.log(0.9), math.log(0.2)
 
 
-@pytest.mark.parametrize("answer", ["Victor Hugo", "The answer is: Victor Hugo", "victor hugo.",
-                                    "Les Misérables was written by Victor Hugo in 1862."])
-def test_an_answer_with_a_claim_is_not_degenerate(answer: str) -> None:
-    assert not is_degenerate(answer, QuestionTerms.of(QUESTION))
+def closed_book(text: str, *logprobs: float) -> ClosedBookAnswer:
+    return ClosedBookAnswer(text, list(logprobs))
 
 
-@pytest.mark.parametrize(("question", "answer", "is_answer"), [
-    ("In which year was Playboy founded?", "Playboy was founded in 1953 in Chicago.", True),
-    ("In which year was Playboy founded?", "Playboy was founded by Hugh Hefner.", False),
-    ("When was Playboy founded?", "1953", True),
-    ("What nationality was the author of the novel \"Emma\"?", "She was English.", True),
-    ("What nationality was the author of the novel \"Emma\"?", "The author of Emma is Jane Austen.", False),
+@pytest.mark.parametrize(("question", "own", "candidate", "source"), [
+    # a confident closed-book answer wins, in any script and of any kind
+    ("Who wrote Les Misérables?", "Claude Monet", closed_book("Victor Hugo", SURE, SURE), "closed_book"),
+    ("《悲惨世界》的作者是谁？", "莫奈", closed_book("维克多·雨果", SURE, SURE, SURE), "closed_book"),
+    ("Кто написал роман «Война и мир»?", "Достоевский", closed_book("Лев Толстой", SURE, SURE), "closed_book"),
+    ("Is Paris the capital of France?", "no", closed_book("yes", SURE), "closed_book"),
+    ("Which is older, Oxford or Cambridge?", "Cambridge", closed_book("Oxford", SURE), "closed_book"),
+    ("How many moons does Mars have?", "two", closed_book("2", SURE), "closed_book"),
+    # an unsure one gives way to the evidence answer, whatever its words
+    ("Which is older, Oxford or Cambridge?", "Oxford", closed_book("Stanford", UNSURE, SURE), "own"),
+    ("Is Paris the capital of France?", "yes", closed_book("no", UNSURE), "own"),
+    ("Is Lyon the capital of France?", "no", closed_book("yes", UNSURE), "own"),
+    ("《悲惨世界》的作者是谁？", "维克多·雨果", closed_book("莫奈", UNSURE, UNSURE), "own"),
+    ("Кто написал роман «Война и мир»?", "Лев Толстой", closed_book("Пушкин", UNSURE), "own"),
+    ("How many moons does Mars have?", "2", closed_book("5", UNSURE), "own"),
+    # an empty side leaves the other
+    ("Is Paris the capital of France?", "", closed_book("yes", UNSURE), "closed_book"),
+    ("Is Paris the capital of France?", None, closed_book("yes", UNSURE), "closed_book"),
+    ("Is Paris the capital of France?", "yes", closed_book("", SURE), "own"),
+    ("Is Paris the capital of France?", "yes", None, "own"),
+    ("Is Paris the capital of France?", "yes", ClosedBookAnswer("no", None), "own"),  # no log-probs: unsure
 ])
-def test_an_answer_without_what_the_question_asks_for_is_degenerate(question: str, answer: str,
-                                                                    is_answer: bool) -> None:
-    assert is_degenerate(answer, QuestionTerms.of(question)) is not is_answer
-
-
-def test_a_long_answer_is_supported_by_the_passage_holding_one_of_its_claims() -> None:
-    """A 135M model's answer names several things; the passage about the subject holds one of them."""
-    terms = QuestionTerms.of(QUESTION)
-    rambling = "Victor Hugo wrote it, and Gustave Flaubert wrote Madame Bovary in Rouen."
-    assert support(rambling, passages_of([HUGO]), terms) > 0.8
-    assert support("Gustave Flaubert", passages_of([HUGO]), terms) == 0.0
-    assert support("Monsieur Victor Hugo", passages_of([HUGO]), terms) > 0.8  # most of one name is enough
-    assert support("Monsieur Victor Flaubert", passages_of([HUGO]), terms) == 0.0
-
-
-def test_a_hedged_answer_is_salvaged_to_the_name_a_relevant_passage_supports() -> None:
-    terms = QuestionTerms.of(QUESTION)
-    hedged = "Victor Hugo, the author of Les Misérables, is not explicitly mentioned in the passage."
-    assert salvage(hedged, passages_of([HUGO]), terms, 0.5) == "Victor Hugo"
-    assert salvage(hedged, passages_of([MONET]), terms, 0.5) == hedged      # nothing supports it: it stays
-    assert salvage("Jules Verne", passages_of([HUGO]), terms, 0.5) == "Jules Verne"  # not hedged: unchanged
-    choice = CHOICE.choose(QUESTION, hedged, "The original question asks who wrote it.", [HUGO])
-    assert choice == ("Victor Hugo", "own")
-
-
-def test_only_a_claim_of_the_kind_asked_for_supports_the_answer() -> None:
-    """A year question's answer is supported by its year, not by another name the passage also holds."""
-    question = "In which year was Recife founded?"
-    recife = passages_of(["Doc 1(Title: Recife) Recife, in Brazil, was founded in 1537 by the Portuguese."])
-    terms = QuestionTerms.of(question)
-    assert support("Recife was founded in 1537 in Brazil.", recife, terms) > 0.5
-    assert support("In 2022, Recife was founded in Recife, Brazil.", recife, terms) == 0.0
-
-
-def test_a_claim_is_supported_by_most_of_its_words_not_by_one_common_word() -> None:
-    dracula = passages_of(["Doc 1(Title: Dracula) Dracula is an 1897 Gothic horror novel by Bram Stoker."])
-    terms = QuestionTerms.of('Who wrote the 1897 novel "Dracula"?')
-    assert support("The answer is: Dr. Horror", dracula, terms) == 0.0
-    assert support("Bram Stoker", dracula, terms) > 0.5
-
-
-def test_a_choice_question_may_be_answered_with_its_own_words() -> None:
-    terms = QuestionTerms.of("Which is older, Oxford or Cambridge?")
-    assert not is_degenerate("Oxford", terms)
-    assert is_degenerate("Paris", QuestionTerms.of("What is the capital of France? Paris")) is True
-
-
-def test_support_needs_the_claims_in_a_passage_about_the_subject() -> None:
-    terms = QuestionTerms.of(QUESTION)
-    hugo, monet = passages_of([HUGO]), passages_of([MONET])
-    assert relevance(hugo[0], terms) > 0.8 and relevance(monet[0], terms) < 0.2
-    assert support("Victor Hugo", hugo, terms) > 0.8
-    assert support("Claude Monet", monet, terms) < 0.5      # in its passage, but that passage is about Monet
-    assert support("Gustave Flaubert", hugo, terms) == 0.0   # not in any passage
-    assert support("The answer is:", hugo, terms) == 0.0
-
-
-def test_search_results_split_into_their_passages() -> None:
-    passages = passages_of([f"{HUGO}\n{MONET.replace('Doc 1', 'Doc 2')}", "a text without doc lines"])
-    assert [p.title for p in passages] == ["Les Misérables", "Claude Monet", ""]
-    assert "hugo" in passages[0].words and "hugo" not in passages[1].words
-
-
-CHOICE = ClosedBookChoice(min_support=0.5)
-
-
-@pytest.mark.parametrize(("own", "closed_book", "evidence", "source"), [
-    ("The answer is:", "Victor Hugo", [MONET], "closed_book"),             # 1. own degenerate
-    ("Not specified", "Not specified", [HUGO], "own"),                     # both degenerate: own
-    ("Victor Hugo", "The author is not mentioned.", [MONET], "own"),      # 2. closed book degenerate
-    ("Claude Monet", "Victor Hugo", [MONET], "closed_book"),              # 3. the search missed
-    ("Claude Monet", "Charles Dickens", [MONET], "closed_book"),          # 3. (both wrong: the model's)
-    ("Victor Hugo", "Charles Dickens", [HUGO], "own"),                    # 4. own better supported
-    ("Claude Monet", "Victor Hugo", [MONET, HUGO], "closed_book"),        # 4. closed book better supported
-    ("It was Victor Hugo", "Victor Hugo, a French writer", [HUGO], "own"),  # 4. a tie: own
-    ("Claude Monet", None, [MONET], "own"),                               # the candidate was not asked
-])
-def test_the_closed_book_rule(own: str, closed_book: str | None, evidence: list[str], source: str) -> None:
-    choice = CHOICE.choose(QUESTION, own, closed_book, evidence)
+def test_the_closed_book_answer_is_returned_when_the_model_is_confident(
+        question: str, own: str | None, candidate: ClosedBookAnswer | None, source: str) -> None:
+    choice = CHOICE.choose(question, own, candidate, [])
     assert choice.source == source
-    assert choice.answer == (closed_book if source == "closed_book" else own)
-    assert OwnAnswer().choose(QUESTION, own, closed_book, evidence).answer == own
+    assert choice.answer == (candidate.text if source == "closed_book" else own)
+    assert OwnAnswer().choose(question, own, candidate, []) == (own, "own")
+
+
+def test_the_passages_do_not_sway_the_choice() -> None:
+    """The choice reads the model's confidence only: the grounded judge checks it against the passages."""
+    hugo = "Doc 1(Title: Les Misérables) Les Misérables is an 1862 novel by the French writer Victor Hugo."
+    for evidence in ([], [hugo]):
+        assert CHOICE.choose("Who wrote it?", "Victor Hugo", closed_book("Jules Verne", SURE), evidence).source == \
+            "closed_book"
+
+
+def test_the_confidence_is_the_mean_or_the_least_token_log_prob() -> None:
+    answer = closed_book("Victor Hugo", -0.1, -0.1, -1.0)
+    assert answer.confidence("mean") == pytest.approx(-0.4) and answer.confidence("min") == -1.0
+    assert ClosedBookChoice(-0.5, "mean").choose("q", "own", answer, []).source == "closed_book"
+    assert ClosedBookChoice(-0.5, "min").choose("q", "own", answer, []).source == "own"
+    assert ClosedBookAnswer("x", []).confidence("mean") == -math.inf
+
+
+def test_a_closed_book_answer_is_read_after_its_thinking() -> None:
+    completion = Completion("<think>hmm</think> Victor Hugo ", [1, 2, 3], logprobs=[-0.1, -0.2, -0.3])
+    assert ClosedBookAnswer.of(completion) == ("Victor Hugo", [-0.1, -0.2, -0.3])
 
 
 # ---- in the loop ---------------------------------------------------------------------------------
 
 
-def _script(evidence_answer: str, closed_book: str):
+@dataclass
+class LogprobClient(FakeClient):
+    """The fake engine, giving each sampled token the log-prob ``logprob`` when the options ask for them."""
+
+    logprob: float = 0.0
+
+    async def generate(self, model, prompt_ids, options, request_id, *, stream, images=None):
+        async for deltas in super().generate(model, prompt_ids, options, request_id, stream=stream, images=images):
+            for delta in deltas:
+                if options.logprobs is not None:
+                    delta.logprobs = [TokenLogprob("t", self.logprob) for _ in delta.token_ids]
+            yield deltas
+
+
+def _agent(evidence_answer: str, closed_book: str, logprob: float, **config: object):
     def executor(prompt: str) -> str:
-        if prompt.startswith("Answer the question using only the passages"):
-            return evidence_answer
-        return CALL
+        return evidence_answer if prompt.startswith("Answer the question using only the passages") else CALL
     base = role_script(executor=executor)
 
     def script(model: str, prompt: str, options) -> str:
         if model == "manager" and prompt.startswith("Answer with only the name or number."):
             return closed_book
         return base(model, prompt, options)
-    return script
+    client = LogprobClient(script, logprob=logprob)
+    agent_config = msgspec.structs.replace(AgentConfig(), answer_from="evidence", max_replans=0, **config)
+    return ResearchAgent(client, FakeMemory(), Tools(ToolsConfig(), local=FakeSearch()), agent_config), client
 
 
-async def test_a_degenerate_evidence_answer_gives_way_to_the_closed_book_one() -> None:
-    """The fake search returns a passage about the Seine; the evidence answer says nothing."""
-    agent, client, _ = agent_with(_script("The answer is:", "The Seine"), answer_from="evidence", max_replans=0,
-                                  answer_choice="closed_book")
+@pytest.mark.parametrize(("logprob", "answer", "source"), [(-0.1, "The Seine", "closed_book"), (-2.0, "Seine", "own")])
+async def test_the_loop_asks_the_candidate_with_its_log_probs_and_chooses_by_them(logprob: float, answer: str,
+                                                                                  source: str) -> None:
+    agent, client = _agent("Seine", "The Seine", logprob, answer_choice="closed_book", closed_book_min_logprob=-0.5)
     result = await agent.research(ResearchRequest("Which river flows through Paris?"))
-    assert result.answer == "The Seine" and result.rollouts[0].trajectory.answer_source == "closed_book"
-    assert "closed_book" in result.timings
+    assert result.answer == answer and result.rollouts[0].trajectory.answer_source == source
+    assert result.closed_book == "The Seine" and "closed_book" in result.timings
     (asked,) = [p for m, p in client.calls if m == "manager"]
     assert asked == "Answer with only the name or number.\nQuestion: Which river flows through Paris?"
-
-
-async def test_a_supported_evidence_answer_stands_against_an_unsupported_guess() -> None:
-    agent, _, _ = agent_with(_script("Seine", "The Loire"), answer_from="evidence", max_replans=0,
-                             answer_choice="closed_book")
-    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
-    assert result.answer == "Seine" and result.rollouts[0].trajectory.answer_source == "own"
+    assert [o.logprobs for m, o in client.options if m == "manager"] == [0]
 
 
 async def test_no_closed_book_call_for_plain_react_or_without_the_field() -> None:
     for request, fields in ((ResearchRequest("Which river flows through Paris?", use_planner=False),
                              {"answer_choice": "closed_book"}),
                             (ResearchRequest("Which river flows through Paris?"), {})):
-        agent, client, _ = agent_with(_script("The answer is:", "The Seine"), answer_from="evidence",
-                                      max_replans=0, **fields)
+        agent, client = _agent("Seine", "The Seine", 0.0, **fields)
         result = await agent.research(request)
         assert [m for m, _ in client.calls if m == "manager"] == [] and "closed_book" not in result.timings
-        assert result.rollouts[0].trajectory.answer_source == "own"
+        assert result.rollouts[0].trajectory.answer_source == "own" and result.closed_book is None
 
 
-async def test_the_grounded_judge_rewards_an_answer_a_relevant_passage_states() -> None:
+@pytest.mark.parametrize(("answer", "label"), [("Seine", "A"), ("Danube", "B"), ("", "B")])
+async def test_the_grounded_judge_grades_learning_without_gold(answer: str, label: str) -> None:
     """Learning without gold under ``unsupervised_judge = "grounded"``: no reviewer is asked; "Seine" is in
-    the Seine passage (correct), "Danube" is not (incorrect), "The answer is:" answers nothing (incorrect)."""
-    for answer, label in (("Seine", "A"), ("Danube", "B"), ("The answer is:", "B")):
-        agent, client, _ = agent_with(_script(answer, ""), answer_from="evidence", max_replans=0,
-                                      unsupervised_judge="grounded")
-        result = await agent.research(ResearchRequest("Which river flows through Paris?", learn=True,
-                                                      use_memory=False))
-        verdict = result.rollouts[0].verdict
-        assert verdict is not None and verdict.label == label and verdict.reason.startswith("grounded"), verdict
-        assert [m for m, _ in client.calls if m == "judge"] == []
+    the Seine passage (correct), "Danube" is not (incorrect), an empty answer is not attempted."""
+    agent, client = _agent(answer, "", 0.0, unsupervised_judge="grounded", min_grounding=0.3)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?", learn=True, use_memory=False))
+    verdict = result.rollouts[0].verdict
+    assert verdict is not None and verdict.label == label, verdict
+    assert [m for m, _ in client.calls if m == "judge"] == []

@@ -8,7 +8,9 @@ import msgspec
 import pytest
 
 from mia_engine.config.agent import AgentConfig
+from mia_engine.agent.evidence_support import features, grounding, passages_of
 from mia_engine.agent.judge import (
+    GroundedJudge,
     LLMGrader,
     StringMatch,
     build_area_chair,
@@ -20,6 +22,7 @@ from mia_engine.agent.judge import (
     unsupervised_verdict,
 )
 from mia_engine.agent.answer_match import contains_match, exact_match, is_match, normalize_answer
+from mia_engine.agent import prompts
 from mia_engine.agent.llm import complete
 from mia_engine.agent.verdicts import GRADER_REGEX, Review
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
@@ -56,7 +59,8 @@ class FakeClient(RolesByName):
 
 def test_grader_request():
     messages, options = build_grader("Capital of Peru?", ["Lima", "Lima, Peru"], "It is Lima.", CONFIG)
-    assert messages[0]["role"] == "user" and "Gold target: Lima | Lima, Peru" in messages[0]["content"]
+    assert messages[0] == {"role": "system", "content": prompts.GRADER_SYSTEM}
+    assert messages[1]["role"] == "user" and "Gold target: ['Lima', 'Lima, Peru']" in messages[1]["content"]
     assert options.regex == GRADER_REGEX and options.temperature == 0.0 and options.max_tokens == 512
     _, free = build_grader("q", ["a"], "p", msgspec.structs.replace(CONFIG, structured_judges=False))
     assert free.regex is None
@@ -128,6 +132,82 @@ def test_normalize_and_match():
     assert is_match("Lima", ["Cusco", "lima"]) and not is_match("Cusco city", ["Lima"])
     assert not is_match(None, ["Lima"]) and not is_match("", ["Lima"]) and not is_match("x", [""])
     assert is_match("1889", ["1889"])
+
+
+@pytest.mark.parametrize(("prediction", "gold", "is_exact", "is_contained"), [
+    ("北京", ["北京"], True, True),
+    ("中国的首都是北京。", ["北京"], False, True),            # no spaces around the answer: still found
+    ("中国的首都是南京。", ["北京"], False, False),
+    ("Москва", ["москва"], True, True),                       # Cyrillic case folded, not dropped
+    ("Столица России — Москва.", ["Москва"], False, True),
+    ("Лев Толстой", ["Лев Толстой"], True, True),
+    ("Толстой", ["Лев Толстой"], False, False),
+    ("Москвабург", ["Москва"], False, False),                 # whole words where the script has spaces
+    ("東京タワー", ["東京"], False, True),
+    ("Ｔｏｋｙｏ　２０２０", ["Tokyo 2020"], True, True),      # full-width forms (NFKC)
+    ("٢٠٢٠", ["2020"], True, True),                          # Arabic-Indic digits
+])
+def test_matching_in_any_script(prediction: str, gold: list[str], is_exact: bool, is_contained: bool) -> None:
+    assert exact_match(prediction, gold) is is_exact and contains_match(prediction, gold) is is_contained
+
+
+def test_normalisation_keeps_every_script() -> None:
+    assert normalize_answer("Лев  Толстой!") == "лев толстои"    # accents (й's breve) dropped, as SQuAD does
+    assert normalize_answer("北京，中国") == "北 京 中 国"
+    assert normalize_answer("«Война и мир»") == "воина и мир"
+
+
+# ---- the grounded judge (no model call) --------------------------------------------------------------
+
+HUGO = "Doc 1(Title: Les Misérables) Les Misérables is an 1862 novel by the French writer Victor Hugo."
+MONET = "Doc 2(Title: Claude Monet) Claude Monet was a French painter, a founder of Impressionism."
+GROUNDED = GroundedJudge(min_grounding=0.2)
+
+
+@pytest.mark.parametrize(("question", "evidence", "answer", "is_correct"), [
+    ('Who wrote the 1862 novel "Les Misérables"?', [f"{HUGO}\n{MONET}"], "Victor Hugo", True),
+    ('Who wrote the 1862 novel "Les Misérables"?', [f"{HUGO}\n{MONET}"], "It was written by Victor Hugo.", True),
+    ('Who wrote the 1862 novel "Les Misérables"?', [f"{HUGO}\n{MONET}"], "Claude Monet", False),  # off-subject
+    ('Who wrote the 1862 novel "Les Misérables"?', [f"{HUGO}\n{MONET}"], "Gustave Flaubert", False),
+    ('Who wrote the 1862 novel "Les Misérables"?', [MONET], "Victor Hugo", False),  # the search missed it
+    ('Who wrote the 1862 novel "Les Misérables"?', [f"{HUGO}\n{MONET}"], "", False),
+    ("法国的首都是哪里？", ["Doc 1(Title: 巴黎) 巴黎是法国的首都和最大城市。"], "巴黎", True),
+    ("法国的首都是哪里？", ["Doc 1(Title: 巴黎) 巴黎是法国的首都和最大城市。"], "柏林", False),
+    ("Кто написал роман «Война и мир»?", ["Doc 1(Title: Война и мир) «Война и мир» — роман Льва Толстого."],
+     "Лев Толстой", True),                                                  # inflected in the passage
+    ("Кто написал роман «Война и мир»?", ["Doc 1(Title: Война и мир) «Война и мир» — роман Льва Толстого."],
+     "Фёдор Достоевский", False),
+    ("Which is older, the University of Oxford or the University of Cambridge?",
+     ["Doc 1(Title: University of Oxford) The University of Oxford has taught since 1096."], "Oxford", True),
+    ("Which is older, the University of Oxford or the University of Cambridge?",
+     ["Doc 1(Title: University of Oxford) The University of Oxford has taught since 1096."], "Stanford", False),
+    ("How many moons does Mars have?", ["Doc 1(Title: Mars) Mars has 2 moons, Phobos and Deimos."], "2", True),
+    ("How many moons does Mars have?", ["Doc 1(Title: Mars) Mars has 2 moons, Phobos and Deimos."], "٢", True),
+    ("How many moons does Mars have?", ["Doc 1(Title: Mars) Mars has 2 moons, Phobos and Deimos."], "5", False),
+    ("Is Paris the capital of France?", ["Doc 1(Title: Paris) Paris is the capital of France."], "yes", False),
+])
+def test_the_grounded_judge_calls_correct_an_answer_a_passage_about_the_question_states(
+        question: str, evidence: list[str], answer: str, is_correct: bool) -> None:
+    """Any script, inflected names, the question's own alternatives, numbers in any digits; an answer no
+    passage writes out (yes/no) cannot be grounded by overlap."""
+    verdict = GROUNDED.verdict(question, answer, evidence)
+    assert verdict.is_correct is is_correct and verdict.source == "unsupervised", verdict
+    assert verdict.label == ("A" if is_correct else "B") and verdict.reason.startswith("grounded")
+
+
+def test_frequent_words_weigh_little_without_a_word_list() -> None:
+    """IDF over the passages' windows: a word every window holds ("located") barely counts, so a question
+    that uses it is not kept from its passage."""
+    filler = " ".join(f"Doc {i}(Title: Town {i}) Town {i} is located in a valley." for i in range(2, 6))
+    evidence = [f"Doc 1(Title: Recife) Recife is located in Brazil.\n{filler}"]
+    plain = grounding("In which country is Recife?", "Brazil", passages_of(evidence))
+    located = grounding("In which country is Recife located?", "Brazil", passages_of(evidence))
+    assert located.title == plain.title == "Recife" and located.score > 0.8 * plain.score
+
+
+def test_features_are_character_n_grams_in_any_script() -> None:
+    assert features(["hugo"]) == {" hu", "hug", "ugo", "go "} and features(["2"]) == {"2"}
+    assert features(["巴", "黎", "是"]) == {"巴黎", "黎是"} and features(["京"]) == {"京"}
 
 
 async def test_match_judge_grades_by_the_gold_answers_without_an_llm():

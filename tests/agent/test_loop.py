@@ -51,6 +51,9 @@ class FakeClient(RolesByName):
     def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
         return requested or 100
 
+    def models(self) -> list:
+        return []  # no adapter versions (EngineClient.models: the loop reads the Planner's when learning)
+
     async def generate(self, model: str, prompt_ids: list[int], options: SamplingOptions, request_id: str, *,
                        stream: bool, images: list | None = None) -> AsyncIterator[list[CompletionDelta]]:
         prompt = last_user_text(prompt_ids)
@@ -534,10 +537,10 @@ async def test_a_searches_plan_with_its_own_answers_ends_with_an_answer_turn_wit
     assert result.answer == "Seine"
 
 
-async def test_searches_plans_are_sampled_under_their_regex_and_not_trained_on() -> None:
-    """Learning: the G plans are still written under the regex, at the rollout temperature, so their
-    tokens are not the policy's own samples: the learner gets none of them (a reflection would still
-    train), and the stored workflow is the successful rollout's searches in the plan's form."""
+async def test_searches_plans_are_sampled_under_their_regex_and_trained_on() -> None:
+    """Learning: the G plans are written under the regex, at the rollout temperature: the policy's samples
+    under that regex, which the learner gets with it (tests/agent/test_planner_samples.py has the rest);
+    the stored workflow is the successful rollout's searches in the plan's form."""
     learned: list = []
 
     async def on_learn(rollouts) -> None:
@@ -551,7 +554,7 @@ async def test_searches_plans_are_sampled_under_their_regex_and_not_trained_on()
     (plan_options,) = [o for m, o in client.options if m == "planner"]
     assert plan_options.n == 2 and plan_options.regex is not None
     assert plan_options.temperature == agent.config.planner_rollout_temperature
-    assert learned == [None, None]
+    assert [[s.regex for s in t.segments] for t in learned] == [[plan_options.regex]] * 2
     ((stored,),) = memory.consolidated
     assert stored.is_correct and stored.workflow_summary == SEARCH_PLAN
 
@@ -559,8 +562,8 @@ async def test_searches_plans_are_sampled_under_their_regex_and_not_trained_on()
                                   answer_from="evidence")
     tokens = (await agent.research(ResearchRequest("q", ground_truth=["Seine"], learn=True))).rollouts[0].trajectory.planner
     plan_ids = fake_ids(SEARCH_PLAN)
-    assert tokens.completion_ids[:len(plan_ids)] == plan_ids and tokens.completion_mask[:len(plan_ids)] == [0] * len(plan_ids)
-    assert tokens.completion_mask[-len(fake_ids("no")):] == [1] * len(fake_ids("no"))  # the reflection trains
+    assert tokens.completion_ids[:len(plan_ids)] == plan_ids and tokens.completion_mask[:len(plan_ids)] == [1] * len(plan_ids)
+    assert tokens.completion_mask[-len(fake_ids("no")):] == [1] * len(fake_ids("no"))  # the reflection trains too
 
 
 class TitledSearch:
@@ -570,11 +573,11 @@ class TitledSearch:
         return [[Passage(query, f"About {query}.")] for query in queries]
 
 
-async def test_a_searches_replan_runs_only_new_searches_read_first_and_not_trained_on() -> None:
+async def test_a_searches_replan_runs_only_new_searches_read_first_and_trained_on() -> None:
     """With a ``searches`` plan answered from the evidence, the reflection sees the answer the passages
     gave, a "yes" brings a replan in the plan's own form (same regex), the loop runs the searches it
-    did not make yet, and the final evidence answer reads that latest round first. The replan, written
-    under a regex, is context for the learner like the plan; the reflection is the policy's sample."""
+    did not make yet, and the final evidence answer reads that latest round first. The plan, the
+    reflection and the replan are all the policy's samples (the plan and replan under their regex)."""
     replan = "Search: Seine\nSearch: Paris river\n"
     base = searches_script(_evidence_or_call, reflection="yes")
 
@@ -601,7 +604,7 @@ async def test_a_searches_replan_runs_only_new_searches_read_first_and_not_train
     tokens = trajectory.planner
     assert tokens is not None
     sampled = [i for i, m in zip(tokens.completion_ids, tokens.completion_mask) if m]
-    assert sampled == fake_ids("yes")  # neither the plan nor the replan, only the reflection
+    assert sampled == [*fake_ids(SEARCH_PLAN), *fake_ids("yes"), *fake_ids(replan)]
 
 
 def _hit(plan: str, sim: float) -> MemoryHit:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import random
 
+import msgspec
 import pytest
 
 from mia_engine.config.agent import RewardWeights
-from mia_engine.agent.records import Rollout, Trajectory
+from mia_engine.agent.records import PlannerTexts, Rollout, Trajectory
 from mia_engine.agent.rewards import (
     decision_reward,
     format_reward,
@@ -47,6 +48,19 @@ def test_format_reward():
     assert format_reward("<think>unclosed plan", "no") == 0.0            # plan's think unbalanced
     assert format_reward(PLAN, "yes", "<think>r new plan") == 0.0       # replan's think unbalanced
     assert format_reward(PLAN, "") == 0.0                               # reflection never ran
+
+
+def test_rollout_format_reward_reads_the_raw_generations_not_the_stripped_plan():
+    """The rollout keeps the plan's visible text (thinking stripped: always balanced); the format reward
+    reads the raw generations the rollout recorded, where an unclosed think block fails it."""
+    visible = "1. Search the title."
+    raw = Rollout(visible, msgspec.structs.replace(_rollout(True).trajectory,
+                                                   planner_texts=PlannerTexts("<think>how to search" + visible, "no")),
+                  Verdict(True, "A", "supervised"))
+    balanced = msgspec.structs.replace(raw, trajectory=msgspec.structs.replace(
+        raw.trajectory, planner_texts=PlannerTexts("<think>how</think>" + visible, "no")))
+    assert format_reward(visible, "no") == 1.0
+    assert rollout_reward(balanced, W) - rollout_reward(raw, W) == pytest.approx(W.format)
 
 
 def test_decision_reward():

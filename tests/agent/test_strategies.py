@@ -13,6 +13,7 @@ from mia_engine.agent import strategies as strategies_module
 from mia_engine.agent import turn_policy
 from mia_engine.agent.admission import QuestionRejected
 from mia_engine.agent.answers import EvidenceAnswer, TrajectoryAnswer
+from mia_engine.agent.executor_run import ExecutorRun, ignore_progress
 from mia_engine.config.agent import AgentConfig
 from mia_engine.agent.judge import LLMGrader, StringMatch
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest
@@ -21,7 +22,7 @@ from mia_engine.agent.strategies import choose_strategies
 from mia_engine.agent.workflows import ExtractiveWorkflow, ManagerSummary, SearchesWorkflow
 from mia_engine.config import load_config
 from mia_engine.config.tools import ToolsConfig
-from mia_engine.tools.registry import Tools
+from mia_engine.tools.registry import ToolContext, Tools
 from tests.fakes import RolesByName
 
 DEPARTURES = ("plan_form", "replay_min_similarity", "first_query", "first_image_search", "min_tool_calls",
@@ -62,6 +63,23 @@ def test_each_config_gets_its_strategies() -> None:
     assert paper.replay.min_similarity is None and paper.describe()["plan"] == "ProsePlan"
     extractive = choose_strategies(AgentConfig(workflow_summary="extractive"), TOOLS)
     assert type(extractive.workflow) is ExtractiveWorkflow  # a prose plan's rollout is written as its steps
+
+
+def test_8xgpu_runs_the_papers_loop_with_every_departure_off() -> None:
+    """configs/8xgpu.toml (the paper's models): the paper's strategy for every concern, and Executor turns as
+    the reference generates them: free-form (no regex on any turn) and nothing forced at the turn cap."""
+    agent = load_config("8xgpu").agent
+    paper = AgentConfig.for_profile("paper")
+    fields = (*DEPARTURES, "answer_choice", "unsupervised_judge", "max_replans", "structured_executor")
+    assert {f: getattr(agent, f) for f in fields} == {
+        **{f: getattr(paper, f) for f in fields}, "structured_executor": False, "force_final_answer": False}
+    turns = choose_strategies(agent, TOOLS).turns
+    run = ExecutorRun.start("Who wrote Emma?", "prompt", ToolContext(), 0, ignore_progress, affinity=None)
+    assert [turns.regex(run, is_last=is_last) for is_last in (False, True)] == [None, None]
+    assert not turns.is_answer_only(True) and turns.first_queries("Who wrote Emma?") == []
+    structured = choose_strategies(msgspec.structs.replace(agent, structured_executor=True, force_final_answer=True),
+                                   TOOLS).turns  # the departures stay available as fields
+    assert structured.is_answer_only(True) and structured.regex(run, is_last=False) is not None
 
 
 class SizedClient(RolesByName):

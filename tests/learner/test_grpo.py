@@ -134,9 +134,10 @@ def test_inactive_tokens_may_hold_infinities() -> None:
     assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0}
 
 
-def test_config_defaults_are_the_papers() -> None:
+def test_config_defaults_are_the_papers_with_a_lora_learning_rate() -> None:
     config = LearnerConfig()
-    assert (config.lr, config.kl_beta, config.num_epochs, config.aggregation) == (1e-6, 0.0, 1, "grpo")
+    assert (config.kl_beta, config.num_epochs, config.aggregation) == (0.0, 1, "grpo")
+    assert config.lr == 1e-4  # a LoRA's rate (bench/bench_lr_curve.py), not the reference's full fine-tuning 1e-6
     assert config.clip_high == 0.2 and LearnerConfig(clip_eps_high=0.28).clip_high == 0.28
 
 
