@@ -4,6 +4,7 @@ own ``<answer>`` (paper, reference), or one short call that reads the passages i
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Protocol
 
 from . import prompts
@@ -64,5 +65,19 @@ class EvidenceAnswer:
         passages = truncate_words("\n".join(dict.fromkeys(evidence)), self.max_words)
         text = prompts.EVIDENCE_ANSWER.render(passages=passages, question=run.question)
         content: str | list[dict[str, str]] = [{"type": "image"}, {"type": "text", "text": text}] if run.images else text
-        # one line, no constraint: a bounded free-text regex costs xgrammar seconds to compile under load
-        return [{"role": "user", "content": content}], sampling_options(self.sampling, stop=["\n"])
+        # no constraint (a bounded free-text regex costs xgrammar seconds to compile under load); the text
+        # ends at a blank line or the token budget, and ``answer_lines`` reads the answer off it
+        return [{"role": "user", "content": content}], sampling_options(self.sampling, stop=["\n\n"])
+
+
+def answer_lines(text: str) -> str:
+    """The answer in a reply asked for the answer alone: its first non-empty line, with the next one when
+    the first ends in a colon (of any script: ":", "：", ...), which introduces what follows rather than
+    stating it; "" when nothing follows such a line (the reply states nothing); the lines after the answer
+    are dropped (a small reader goes on to restate or ramble)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if unicodedata.name(lines[0][-1], "").endswith("COLON"):
+        return f"{lines[0]} {lines[1]}" if len(lines) > 1 else ""
+    return lines[0]

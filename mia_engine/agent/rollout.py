@@ -21,6 +21,7 @@ import msgspec
 
 from . import prompts
 from ..config.agent import AgentConfig
+from .answers import answer_lines
 from .executor_run import Emit, ExecutorRun, search_calls, written_turn
 from .llm import Completion, complete, complete_ids, sampling_options, with_policy_logprobs, with_room_for
 from .model_text import strip_think
@@ -170,7 +171,7 @@ class RolloutRunner:
         except ValueError as err:
             run.emit("executor_stopped", {"detail": str(err)})
             return own
-        return strip_think(answer).strip() or own
+        return answer_lines(strip_think(answer)) or own
 
     async def _react(self, run: ExecutorRun, max_turns: int, *, answer_last: bool = True) -> None:
         """Think → tool call or answer, until an answer, a turn without a call, a full context or the turn

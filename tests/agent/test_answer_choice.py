@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from mia_engine.agent.answer_choice import ClosedBookAnswer, ClosedBookChoice, OwnAnswer
+from mia_engine.agent.answers import answer_lines
 from mia_engine.agent.llm import Completion
 from mia_engine.agent.loop import ResearchAgent, ResearchRequest
 from mia_engine.config.agent import AgentConfig
@@ -122,6 +123,16 @@ async def test_the_loop_asks_the_candidate_with_its_log_probs_and_chooses_by_the
     assert [o.logprobs for m, o in client.options if m == "manager"] == [0]
 
 
+@pytest.mark.parametrize(("reader", "answer"), [("The answer is:", "The Seine"), ("The answer is:\nSeine\nIt flows", "The answer is: Seine")])
+async def test_a_reader_lead_in_is_read_with_its_next_line_and_alone_is_no_answer(reader: str, answer: str) -> None:
+    """The reader's reply goes through ``answer_lines``: a lead-in ending in a colon takes the next line, and
+    with nothing after it the rollout has no answer of its own, so the closed-book one is returned even at a
+    low confidence."""
+    agent, _ = _agent(reader, "The Seine", -2.0, answer_choice="closed_book", closed_book_min_logprob=-0.5)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert result.answer == answer
+
+
 async def test_no_closed_book_call_for_plain_react_or_without_the_field() -> None:
     for request, fields in ((ResearchRequest("Which river flows through Paris?", use_planner=False),
                              {"answer_choice": "closed_book"}),
@@ -141,3 +152,18 @@ async def test_the_grounded_judge_grades_learning_without_gold(answer: str, labe
     verdict = result.rollouts[0].verdict
     assert verdict is not None and verdict.label == label, verdict
     assert [m for m, _ in client.calls if m == "judge"] == []
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("Jane Austen", "Jane Austen"),
+    ("Jane Austen\nShe wrote six novels.", "Jane Austen"),  # a rambling second line is dropped
+    ("The answer is:\nPuntland", "The answer is: Puntland"),  # a colon introduces the next line
+    ("答案是：\n北京", "答案是： 北京"),  # a full-width colon as well
+    ("Ответ:\nТолстой\nещё", "Ответ: Толстой"),
+    ("\n\n  1915  \n", "1915"),
+    ("The answer is:", ""),  # a lead-in with nothing after it states nothing
+    ("答案是：", ""),
+    ("", ""),
+])
+def test_the_evidence_answer_is_its_first_line_and_the_next_after_a_colon(text: str, answer: str) -> None:
+    assert answer_lines(text) == answer
