@@ -178,6 +178,7 @@ class RolloutRunner:
         cap; ``answer_last``: the cap's last turn is the answer-only one (``force_final_answer``). After
         the loop, a full context gets the final-answer request (free-form path only)."""
         role = self.client.role(self.config.roles.executor)
+        num_prompt_tokens: int | None = None  # the conversation as last rendered, when it did not change since
         for turn_index in range(max_turns):
             is_last = answer_last and turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
@@ -187,6 +188,7 @@ class RolloutRunner:
                 with self.stages("execute_turn"):
                     prompt_ids = await role.render_chat(run.messages)
                     if self._is_context_full(run, role, len(prompt_ids)):
+                        num_prompt_tokens = len(prompt_ids)
                         break
                     (completion,) = await complete_ids(role, prompt_ids, options, images=run.images)
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
@@ -197,7 +199,7 @@ class RolloutRunner:
             run.record(turn, observation)
             if observation is None:
                 return
-        await self._answer_if_context_full(run, role)
+        await self._answer_if_context_full(run, role, num_prompt_tokens)
 
     def _is_context_full(self, run: ExecutorRun, role: RoleClient, num_prompt_tokens: int) -> bool:
         """On the free-form path, after a turn: the rendered conversation has passed
@@ -207,20 +209,24 @@ class RolloutRunner:
             return False
         return num_prompt_tokens > self.config.executor_max_context_share * role.max_model_len()
 
-    async def _answer_if_context_full(self, run: ExecutorRun, role: RoleClient) -> None:
+    async def _answer_if_context_full(self, run: ExecutorRun, role: RoleClient,
+                                      num_prompt_tokens: int | None = None) -> None:
         """The reference's one forced answer, which its check after every turn makes (the turn cap's last
         one too): when the context is full (``_is_context_full``), the final-answer request replaces the
         last message and one more turn, as free as the others, ends the trajectory; a tool call it
-        writes is not run. Nothing is forced at the turn cap itself."""
+        writes is not run. Nothing is forced at the turn cap itself. ``num_prompt_tokens``: the length of
+        the conversation as it stands, already rendered (None: rendered here)."""
         if self.strategies.turns.is_structured or not run.turns:
             return
         try:
             with self.stages("execute_turn"):
-                prompt_ids = await role.render_chat(run.messages)
-                if not self._is_context_full(run, role, len(prompt_ids)):
+                if num_prompt_tokens is None:
+                    num_prompt_tokens = len(await role.render_chat(run.messages))
+                if not self._is_context_full(run, role, num_prompt_tokens):
                     return
                 run.ask_for_the_answer_at_full_context()
-                run.emit("context_full", {"num_prompt_tokens": len(prompt_ids), "max_model_len": role.max_model_len()})
+                run.emit("context_full", {"num_prompt_tokens": num_prompt_tokens,
+                                          "max_model_len": role.max_model_len()})
                 (text,) = await complete(role, run.messages, self._turn_options(run, is_last=False),
                                          images=run.images)
         except ValueError as err:  # the request still does not fit, or the engine refused it
