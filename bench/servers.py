@@ -65,8 +65,10 @@ def launch(name: str, cmd: list[str], log_dir: Path, port: int, env: dict[str, s
 def launch_mia(log_dir: Path, config: str = "tiny", *extra: str, home: Path | None = None) -> Server:
     port = free_port()
     env = {"MIA_HOME": str(home)} if home else None
+    # the benchmark is one local client driving every slot, as it drives the peer's vllm serve, which has no
+    # per-client bound: loopback clients are unbound here (they are bound by default)
     cmd = [sys.executable, "-m", "mia_engine", "serve", "--config", config, "--port", str(port),
-           "--data-dir", str(log_dir / "mia-data"), *extra]
+           "--data-dir", str(log_dir / "mia-data"), "--server.admission.bound_loopback_clients=false", *extra]
     return launch("mia_engine", cmd, log_dir, port, env)
 
 

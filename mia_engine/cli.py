@@ -28,8 +28,8 @@ import msgspec
 from . import __version__
 from .base import logs
 from .base.config_docs import plain, render_markdown, render_toml
-from .config import (ConfigError, MIAConfig, check_bind, check_keys, load_config, parse_override_value,
-                     planner_engine)
+from .config import (ConfigError, MIAConfig, check_adapter_dirs, check_bind, check_keys, load_config,
+                     parse_override_value, planner_engine)
 from .config.flags import EVERY_ENGINE, add_engine_flags, engine_flag_overrides
 from .config.served_model import ModelFacts
 from .config.vllm_args import ENGINE_ARGS
@@ -120,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     index.add_argument("--images", type=Path, default=None, metavar="DIR",
                        help="index the images under DIR for image-to-image search instead (tools.image_index)")
     _config_parser(sub)
+    _keys_parser(sub)
     return parser
 
 
@@ -145,6 +146,48 @@ def _config_parser(sub: _Commands) -> None:
     show.add_argument("--markdown", action="store_true",
                       help="print instead the reference of every field (type, default, what it does) as Markdown: "
                            "docs/CONFIG.md")
+
+
+def _keys_parser(sub: _Commands) -> None:
+    keys = sub.add_parser("keys", help="make keys of several users for server.keys_file")
+    add = _Commands(keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")).add_parser(
+        "add", help="generate a random key named NAME with its scopes, append its hash to the keys file (created "
+        "mode 0600 where missing) and print the key, once; send SIGHUP to a running server to load it")
+    add.add_argument("name", metavar="NAME", help="the key's name, shown in the access log and the audit lines")
+    add.add_argument("--scopes", required=True, type=_key_scopes, metavar="LIST",
+                     help="comma-separated scopes among chat,agent,learn,memory-read,memory-write,admin")
+    add.add_argument("--file", required=True, type=Path, help="the keys file (server.keys_file)")
+    add.add_argument("--max-concurrent", type=int, default=0, metavar="N",
+                     help="this key's per-client bound (default 0: server.admission.max_concurrent_per_client)")
+
+
+def _key_scopes(text: str) -> list[str]:
+    """``--scopes chat,agent``: a one-line argparse error names an unknown scope."""
+    from .base.key_table import SCOPES
+
+    scopes = [scope.strip() for scope in text.split(",") if scope.strip()]
+    unknown = [scope for scope in scopes if scope not in SCOPES]
+    if unknown or not scopes:
+        raise argparse.ArgumentTypeError(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; "
+                                         f"choose from {','.join(SCOPES)}")
+    return scopes
+
+
+def _add_key(args: argparse.Namespace) -> int:
+    """``keys add``: the new key alone on stdout (for ``KEY=$(...)``), what was done on stderr; or one line
+    naming the problem (exit 2), the file unchanged."""
+    from .base.key_table import add_key
+    from .base.keys import KeyFileError
+
+    try:
+        key = add_key(args.file, args.name, args.scopes, args.max_concurrent)
+    except KeyFileError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    print(key)
+    print(f"added key {args.name!r} ({','.join(args.scopes)}) to {args.file}: this is the only time the key is shown; "
+          "send SIGHUP to a running server to load it", file=sys.stderr)
+    return 0
 
 
 def _doctor_checks(text: str) -> tuple[str, ...]:
@@ -374,6 +417,7 @@ def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
         return config
     if args.command == "serve":
         check_bind(config.server)
+        check_adapter_dirs(config.server)
         args.key_warnings = check_keys(config.server)
     return resolved_devices(config) if args.command in ("serve", "run", "ttl", "eval") else config
 
@@ -387,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.DEFAULT_CHECKS)
     if argv[:1] == ["init-adapter"]:  # needs no config
         return _init_adapter(_parser().parse_args(argv))
+    if argv[:1] == ["keys"]:  # needs no config
+        return _add_key(_parser().parse_args(argv))
     try:
         args, overrides = parse_args(argv)
         config = _load(args, overrides)

@@ -10,12 +10,14 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import Any
 
 import uvicorn
 import uvloop
 
 from .config import MIAConfig
 from .server.app import build_app
+from .server.connections import http_protocol, trusted_proxies
 from .services import Services
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,12 @@ def _stop_reason(sig: int) -> str:
 async def _serve(config: MIAConfig) -> str | None:
     services = Services(config)
     app = build_app(services.app_parts(start=lambda: server.run_services(services)))
+    protocol: Any = http_protocol(config.server)  # uvicorn calls it as a class; its hint names only classes
     server = _Server(uvicorn.Config(
-        app, host=config.server.host, port=config.server.port, http="httptools", lifespan="on",
-        log_level=config.server.log_level, access_log=config.server.access_log,
+        app, host=config.server.host, port=config.server.port, http=protocol, ws="none", lifespan="on",
+        log_level=config.server.log_level, access_log=False,  # server.access_log: server/access_log.py's, escaped
         timeout_graceful_shutdown=config.server.shutdown_timeout_s, timeout_keep_alive=config.server.keep_alive_s,
+        proxy_headers=config.server.proxy_headers, forwarded_allow_ips=trusted_proxies(config.server),
         log_config=None))
     log.info("listening on http://%s:%d (memory, engines, learner and agent start in the background; "
              "/health turns 200 when ready)", config.server.host, config.server.port)

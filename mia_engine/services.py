@@ -21,6 +21,7 @@ from .agent.handle import AgentHandle
 from .agent.records import Rollout
 from .base.files import UnsafeFolder, private_dir
 from .config import MIAConfig, resolve_role
+from .engines.adapter_staging import STAGING_DIR, AdapterStaging
 from .engines.lora_models import RuntimeLoRAs
 from .engines.platforms import resolve_platform
 from .engines.roles import RoleServer
@@ -59,6 +60,7 @@ class Services:
         self.loras = RuntimeLoRAs(self.roles)
         self.metrics.watch_engines(self.roles.engines)
         data_dir = private_dir(config.resolved_data_dir(), "data_dir")  # UnsafeFolder: another user's
+        self.roles.adapters.staging = AdapterStaging(data_dir / STAGING_DIR)  # copies of request-named adapters
         self.memory = MemoryHandle(data_dir / "memory", config.memory)
         self.agent = AgentHandle(config, stages=self.metrics)
         planner = config.agent.roles.planner
@@ -206,6 +208,8 @@ class Services:
         methods) would outlive the interpreter's teardown, which native bindings report as leaks."""
         self.learner.close()
         self.roles.shutdown()
+        if self.roles.adapters.staging is not None:
+            self.roles.adapters.staging.close()
         if self._search is not None:
             self._search.close()
         await self.memory.close()

@@ -22,16 +22,18 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_run_is_resumable_and_reports_accuracy(tmp_path: Path) -> None:
+    """A results file holding the first question (an earlier, interrupted run's) is resumed: that row is kept
+    as it was and only the second question runs (one engine start: a second run would cost one more)."""
     out = tmp_path / "results.jsonl"
-    first = _cli(tmp_path, "run", "--dataset", str(DEVSET), "--out", str(out), "--limit", "1")
-    assert first.returncode == 0, first.stderr[-3000:]
+    first_id = json.loads(DEVSET.read_text().splitlines()[0])["id"]
+    earlier = {"id": first_id, "prediction": "from the earlier run", "judge_correct": False, "match": False}
+    out.write_text(json.dumps(earlier) + "\n")
+    result = _cli(tmp_path, "run", "--dataset", str(DEVSET), "--out", str(out), "--limit", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 1 and all(r["prediction"] and r["judge_correct"] in (True, False) for r in rows)
-    second = _cli(tmp_path, "run", "--dataset", str(DEVSET), "--out", str(out), "--limit", "2")
-    assert second.returncode == 0, second.stderr[-3000:]
-    lines = out.read_text().splitlines()
-    assert len(lines) == 2 and [json.loads(line) for line in lines[:1]] == rows  # the first was skipped
-    assert "judge accuracy" in second.stdout
+    assert len(rows) == 2 and rows[0] == earlier, rows  # the first was skipped, not run again
+    assert rows[1]["id"] != first_id and rows[1]["prediction"] and rows[1]["judge_correct"] in (True, False)
+    assert "judge accuracy" in result.stdout
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ import mia_engine
 from mia_engine.base.config_docs import field_docs
 from mia_engine.config import MIAConfig, ServerConfig
 
-COMMANDS = ("serve", "run", "ttl", "init-adapter", "doctor", "eval", "index", "config", "config show")
+COMMANDS = ("serve", "run", "ttl", "init-adapter", "doctor", "eval", "index", "config", "config show", "keys",
+            "keys add")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +39,7 @@ def test_config_show_prints_the_effective_config_with_docs_and_defaults() -> Non
 def test_config_reference_documents_every_server_field() -> None:
     out = _run("config", "show", "--markdown")
     assert out.returncode == 0, out.stderr
-    tables = {"limits", "admission", "images"}  # sections of their own: [server.limits], ...
+    tables = {"limits", "admission", "images", "connections"}  # sections of their own: [server.limits], ...
     for name in set(ServerConfig.__struct_fields__) - tables:
         assert f"| `{name}` |" in out.stdout
     for table in tables:

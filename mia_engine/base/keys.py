@@ -35,6 +35,17 @@ def read_key_file(field: str, path: Path, *, follow_links: bool = True) -> str:
     user with no group/other permission bits, or by root with at most group read. ``follow_links``: an
     operator's file may be a link (a mounted secret); the generated admin key's may not, and must be
     this user's."""
+    data = read_private_file(field, path, MAX_KEY_FILE_BYTES, follow_links=follow_links)
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    key = lines[0].strip() if lines else ""
+    if not key:
+        raise KeyFileError(f"{field}: {path} is empty")
+    return key
+
+
+def read_private_file(field: str, path: Path, max_bytes: int, *, follow_links: bool = True) -> bytes:
+    """The first ``max_bytes`` of ``path``, with ``read_key_file``'s checks (``KeyFileError`` naming ``field``);
+    the file is checked through the descriptor it is read from, so it cannot be swapped in between."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -42,14 +53,13 @@ def read_key_file(field: str, path: Path, *, follow_links: bool = True) -> str:
         raise KeyFileError(f"{field}: cannot read {path}: {err.strerror}") from None
     try:
         _check_private(field, path, os.fstat(fd), root_group_read=follow_links)
-        data = os.read(fd, MAX_KEY_FILE_BYTES)
+        chunks, size = [], 0
+        while size < max_bytes and (chunk := os.read(fd, max_bytes - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    key = lines[0].strip() if lines else ""
-    if not key:
-        raise KeyFileError(f"{field}: {path} is empty")
-    return key
 
 
 def _check_private(field: str, path: Path, st: os.stat_result, *, root_group_read: bool) -> None:

@@ -12,10 +12,11 @@ from .learner import LearnerConfig
 from .loader import apply_override, bundled_config, load_config, parse_override_value, read_toml
 from .roles import RoleConfig, SamplingDefaults
 from .root import AGENT_MODEL, EMBEDDING_MODEL, RESERVED_MODEL_IDS, MIAConfig, planner_engine, resolve_role
-from .server import (AdmissionConfig, ImageInputConfig, LimitsConfig, ServerConfig, check_bind, check_keys,
-                     is_loopback_host)
+from .server import (AdmissionConfig, ConnectionsConfig, ImageInputConfig, LimitsConfig, ServerConfig, check_adapter_dirs, check_bind,
+                     check_keys, is_loopback_host)
 
-__all__ = ["AGENT_MODEL", "EMBEDDING_MODEL", "RESERVED_MODEL_IDS", "AdmissionConfig", "ConfigError", "EngineConfig",
+__all__ = ["AGENT_MODEL", "EMBEDDING_MODEL", "RESERVED_MODEL_IDS", "AdmissionConfig", "ConfigError", "ConnectionsConfig", "EngineConfig",
            "ImageInputConfig", "LearnerConfig", "LimitsConfig", "MIAConfig", "ModelsConfig", "RoleConfig",
-           "SamplingDefaults", "ServerConfig", "apply_override", "bundled_config", "check_bind", "check_keys",
-           "is_loopback_host", "load_config", "parse_override_value", "planner_engine", "read_toml", "resolve_role"]
+           "SamplingDefaults", "ServerConfig", "apply_override", "bundled_config", "check_adapter_dirs", "check_bind",
+           "check_keys", "is_loopback_host", "load_config", "parse_override_value", "planner_engine", "read_toml",
+           "resolve_role"]

@@ -1,16 +1,19 @@
 """``[server]``: the HTTP front end, its per-request limits, admission (bounded concurrency and queues) and
-image inputs. Each struct checks its own fields; ``check_bind`` / ``check_keys`` are the rules only
-``serve`` applies (batch commands load the same config and bind nothing)."""
+image inputs. Each struct checks its own fields; ``check_bind`` / ``check_keys`` / ``check_adapter_dirs`` are
+the rules only ``serve`` applies (batch commands load the same config and bind nothing)."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
-from ..base.keys import MIN_KEY_CHARS
+from ..base.key_table import read_key_table
+from ..base.keys import MIN_KEY_CHARS, KeyFileError
 from ..base.structs import Frozen
 from .errors import ConfigError, check_field, check_non_negative, check_positive
 
@@ -79,6 +82,19 @@ class LimitsConfig(Frozen):
     max_embedding_inputs: int = 2048
     """Most texts in one ``/v1/embeddings`` request (OpenAI's own limit): they are encoded as one job on the
     memory's shared encoder, which the agent's retrieval waits behind."""
+    max_embedding_chars: int = 1_200_000
+    """Most characters over all texts of one ``/v1/embeddings`` request, counted before any is tokenised:
+    OpenAI's 300,000 tokens a request at four characters a token. The encoder reads only the first
+    ``memory.embedder.max_seq_tokens`` of each text, but its tokenizer reads the whole text first, so without
+    this cap 2,048 huge texts would hold the encoder's thread for seconds."""
+    max_logprob_entries: int = 524_288
+    """Most log-prob entries one chat or text completion may ask for, checked before the prompt is tokenised
+    (and again with the budget the context leaves when no ``max_tokens`` is given): ``n`` x prompts x
+    ``max_tokens`` x (``top_logprobs`` / ``logprobs`` + 1). Each entry is an object the server builds, holds
+    and encodes, so the other caps' largest, n = 16 x 4,096 tokens x 21 (1.4 million), is refused. The
+    default lets one completion of 24,000 tokens with 20 top log-probs through, six over the default
+    config's whole 4,096-token context, or n = 16 x 3,072 tokens with 5; a client that asks for 20 top
+    log-probs without ``max_tokens`` on a 32k-token context (``8xgpu.toml``) needs it raised to 700,000."""
     max_grpo_groups: int = 16
     """Most groups in one ``POST /v1/adapters/{role}/grpo``."""
     max_grpo_completions: int = 16
@@ -117,12 +133,15 @@ class AdmissionConfig(Frozen):
     """Longest wait for a slot, in seconds, before a 429: the ``openai`` client's default timeout, past which
     nobody is waiting for the answer any more."""
     max_concurrent_per_client: int = 64
-    """Requests with a body in flight at once from one client address (an IPv6 client by its /64), counted
-    before the body bound; more wait in that client's queue like any key's. One client cannot take every
-    slot; 0 = no per-client bound. Loopback clients are bound only with ``bound_loopback_clients``."""
-    bound_loopback_clients: bool = False
-    """Apply ``max_concurrent_per_client`` to loopback clients too. Off: a benchmark or proxy on the box is one
-    client that may use every slot, and a local user can pick any 127.x source address anyway."""
+    """Requests with a body in flight at once from one client, counted before the body bound; more wait in
+    that client's queue like any key's. A client is its key where it sends one of ``server.keys_file`` (which
+    may set its own bound, ``max_concurrent``), else its address (an IPv6 client by its /64), loopback
+    included. One client cannot take every slot; 0 = no per-client bound (but a key's own)."""
+    bound_loopback_clients: bool = True
+    """Apply ``max_concurrent_per_client`` to loopback addresses too. Off only for a trusted proxy or
+    benchmark on the box that is one client driving every slot: off, any local user escapes the bound. A
+    local user can still pick another 127.x source address, so give users on the box keys of
+    ``server.keys_file``, which are bound by key whatever their address."""
     body_timeout_s: float = 30.0
     """Time for a whole request body to arrive, in seconds from the first read; later: 408 and the connection
     closed, so a client trickling its body cannot hold a slot. A large memory import over a slow link needs
@@ -141,6 +160,36 @@ class AdmissionConfig(Frozen):
     def __post_init__(self) -> None:
         _check_counts(self, zero_means={"max_concurrent_per_client": "no per-client bound",
                                         "send_buffer_bytes": "the kernel's own"})
+
+
+class ConnectionsConfig(Frozen):
+    """Bounds on the TCP connections themselves, applied as each is accepted, before a byte of its request is
+    read (``server/connections.py``): a client cannot hold sockets open with partial requests. A connection
+    over a cap is answered 503 and closed at once; refusals and late headers are logged at most once every
+    few seconds, with counts."""
+
+    max_connections: int = 16384
+    """Open connections at once, all clients together; one more is refused. The serving process raises its
+    open-files limit towards the hard limit at start to fit it (and lowers this cap, with a warning, where
+    it cannot), so a flood is refused here rather than failing ``accept`` for everyone. Thousands of
+    clients, each with a few pooled connections, fit; 0 = no cap."""
+    max_connections_per_client: int = 1024
+    """Open connections at once from one client address (an IPv6 client by its /64, loopback included);
+    one more from it is refused while other addresses keep connecting. As many as one client's requests may
+    wait for admission (``admission.max_queued_per_key``), so a benchmark or a gateway on one host is not
+    refused where admission would queue it. A trusted proxy (``proxy_headers`` and ``forwarded_allow_ips``)
+    is exempt: it carries many clients. 0 = no per-client cap."""
+    header_timeout_s: float = 10.0
+    """Time for a request's line and headers to arrive, in seconds from the connection's opening (its first
+    request) or from the first byte of the next one on a keep-alive connection; later the connection is
+    closed. Headers are a few hundred bytes, so only a stalled or trickling client takes this long. Between
+    requests a keep-alive connection is closed after ``keep_alive_s``; a body is bounded by
+    ``admission.body_timeout_s``."""
+
+
+    def __post_init__(self) -> None:
+        _check_counts(self, zero_means={"max_connections": "no cap",
+                                        "max_connections_per_client": "no per-client cap"})
 
 
 class ImageInputConfig(Frozen):
@@ -187,7 +236,8 @@ class ServerConfig(Frozen):
     """The HTTP front end."""
 
     host: str = "127.0.0.1"
-    """Interface to bind. A non-loopback address needs ``api_key`` (or ``allow_unauthenticated_bind``)."""
+    """Interface to bind. A non-loopback address needs ``api_key`` or ``keys_file`` (or
+    ``allow_unauthenticated_bind``)."""
     port: int = 8000
     """TCP port to bind."""
     api_key: str = ""
@@ -204,6 +254,15 @@ class ServerConfig(Frozen):
     admin_api_key_file: str = ""
     """A file holding ``admin_api_key`` (first line); read at start; refused where another user owns it or may
     read or write it (``chmod 600``)."""
+    keys_file: str = ""
+    """A TOML file of hashed keys of several users, each with a name, its scopes (``chat``, ``agent``,
+    ``learn``, ``memory-read``, ``memory-write``, ``admin``) and optionally its own per-client bound
+    (``base/key_table.py``; ``python -m mia_engine keys add NAME --scopes chat,agent --file PATH`` writes
+    entries). Read at start (a bad file: one line naming the entry, exit 2) and again on SIGHUP without
+    dropping requests (a bad file then keeps the keys loaded before, with one error line). Set, every /v1
+    request needs a key: one of the file's, or ``api_key`` (chat and agent) or ``admin_api_key`` (every
+    scope), which keep working beside it. Refused where another user owns it or may write it (``chmod 600``):
+    whoever can write it can add a key. Empty = ``api_key`` and ``admin_api_key`` alone."""
     allow_unauthenticated_bind: bool = False
     """Serve a non-loopback ``host`` without an API key: anyone who can reach the port can use the server
     (the admin routes still need the admin key). Off unless asked for, and logged loudly."""
@@ -221,7 +280,17 @@ class ServerConfig(Frozen):
     """Largest ``n`` (completions per request) accepted."""
     limits: LimitsConfig = LimitsConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    connections: ConnectionsConfig = ConnectionsConfig()
     images: ImageInputConfig = ImageInputConfig()
+    proxy_headers: bool = False
+    """Take the client's address from ``X-Forwarded-For`` (and the scheme from ``X-Forwarded-Proto``) when the
+    connection comes from one of ``forwarded_allow_ips``: for a server behind a reverse proxy, so that the
+    per-client bounds and the access log see the real clients. Off: the header is ignored whoever sends it,
+    so no client (a local user on loopback included) can pose as another address."""
+    forwarded_allow_ips: list[str] = []
+    """Addresses or networks (CIDR) of the proxies whose ``X-Forwarded-For`` is believed with
+    ``proxy_headers``, e.g. ``["127.0.0.1"]`` for a proxy on the box; ``"*"`` = any peer (only where nothing
+    but the proxy can reach the port). Required with ``proxy_headers``."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of the server and of vLLM's loggers (in this process and in the engine processes it spawns)."""
     log_format: Literal["text", "json"] = "text"
@@ -247,9 +316,18 @@ class ServerConfig(Frozen):
         check_field(0 <= self.port <= 65535, "port", f"{self.port} is not a TCP port")
         check_field(all(d.strip() and Path(d).expanduser().is_absolute() for d in self.adapter_dirs),
                     "adapter_dirs", f"must hold absolute paths, got {self.adapter_dirs}")
+        for entry in self.forwarded_allow_ips:
+            check_field(entry == "*" or _is_network(entry), "forwarded_allow_ips",
+                        f"{entry!r} is not an address, a network (CIDR) or \"*\"")
+        check_field(not self.proxy_headers or self.forwarded_allow_ips, "proxy_headers",
+                    "name the proxies it trusts in server.forwarded_allow_ips")
 
     def is_loopback(self) -> bool:
         return is_loopback_host(self.host)
+
+    def is_keyed(self) -> bool:
+        """Whether /v1 needs a key: ``api_key`` or ``keys_file`` is set."""
+        return bool(self.api_key or self.keys_file)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -264,16 +342,42 @@ def is_loopback_host(host: str) -> bool:
 def check_bind(server: ServerConfig) -> None:
     """Refuse to serve a non-loopback address without an API key (checked by ``serve`` only: a config is
     also loaded by batch commands that bind nothing)."""
-    if not server.is_loopback() and not server.api_key and not server.allow_unauthenticated_bind:
+    if not server.is_loopback() and not server.is_keyed() and not server.allow_unauthenticated_bind:
         raise ConfigError(
             f"server.host: {server.host} is not a loopback address and no API key is set; set MIA_API_KEY "
-            "(or --api-key-file), or pass --server.allow_unauthenticated_bind=true to serve it to anyone")
+            "(or --api-key-file, or server.keys_file), or pass --server.allow_unauthenticated_bind=true to serve "
+            "it to anyone")
+
+
+def check_adapter_dirs(server: ServerConfig) -> None:
+    """Refuse (``ConfigError``, one line) an ``adapter_dirs`` folder that another user controls: each must be
+    a folder (links followed, as the routes resolve them) owned by this user or by root that neither its
+    group nor others may write, as ``base.files.private_dir`` demands of the folders the server writes;
+    whoever can write it chooses the weights an admin key publishes. Checked by ``serve`` only, as
+    ``check_bind``."""
+    for folder in server.adapter_dirs:
+        path = Path(folder).expanduser()
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise ConfigError(f"server.adapter_dirs: cannot use {path}: {err.strerror}; create it (mkdir -m 755 "
+                              f"{path}) or leave it out") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"server.adapter_dirs: {path} is not a folder")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise ConfigError(f"server.adapter_dirs: {path} belongs to another user (uid {st.st_uid}), who can "
+                              "change what it holds; use a folder of your own or of root's")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022:
+            raise ConfigError(f"server.adapter_dirs: {path} is open to other users (mode {mode:04o}); run: "
+                              f"chmod go-w {path}")
 
 
 def check_keys(server: ServerConfig) -> list[str]:
-    """Refuse keys that merge the two scopes, and keys shorter than ``MIN_KEY_CHARS`` on a bind that other
-    machines reach; on loopback a short key (``vllm serve --api-key token-abc123``) is accepted, and
-    returned as a warning line to log (checked by ``serve`` only, as ``check_bind``)."""
+    """Refuse keys that merge the two scopes, a ``keys_file`` that is unsafe or invalid, and keys shorter
+    than ``MIN_KEY_CHARS`` on a bind that other machines reach; on loopback a short key (``vllm serve
+    --api-key token-abc123``) is accepted, and returned as a warning line to log (checked by
+    ``serve`` only, as ``check_bind``)."""
     warnings = []
     for field in ("api_key", "admin_api_key"):
         key = getattr(server, field)
@@ -286,4 +390,9 @@ def check_keys(server: ServerConfig) -> list[str]:
     if server.admin_api_key and server.admin_api_key == server.api_key:
         raise ConfigError("server.admin_api_key: equals server.api_key, which would make every API client an "
                           "admin; use a different key")
+    if server.keys_file:
+        try:
+            read_key_table(Path(server.keys_file).expanduser())
+        except KeyFileError as err:
+            raise ConfigError(str(err)) from None
     return warnings

@@ -6,6 +6,10 @@ gets a fresh id, name and path. New requests switch to it at once; the old versi
 its last in-flight request ends, and only then is it removed from the engine. A role removed while serving
 (``POST /v1/unload_lora_adapter``) drains the same way; added again later under the same name, its versions
 continue their numbering.
+
+A folder a request names is published ``stage=True``: the registry checks and loads a private copy of it
+(``adapter_staging.py``), removed once the version leaves the engine, so that no one who can write the
+folder can change the weights between the check and the engine's reads.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from vllm.lora.request import LoRARequest
+
+from ..base.log_text import printable
+from .adapter_staging import AdapterStaging
 
 log = logging.getLogger(__name__)
 
@@ -52,38 +59,48 @@ class AdapterVersion:
     version: int
     lora_id: int
     path: Path
+    """The folder the engine loads (and the learner reads): a private copy where ``source`` is set."""
     in_flight: int = 0
     is_retired: bool = False
+    source: Path | None = None
+    """The folder a request named, of which ``path`` is the checked copy (None: ``path`` loads in place)."""
+
+    @property
+    def origin(self) -> Path:
+        """The folder it was published from, as listings and logs show it."""
+        return self.source or self.path
 
     def lora_request(self) -> LoRARequest:
         return LoRARequest(f"{self.role}@v{self.version}", self.lora_id, str(self.path))
 
 
-def check_adapter_dir(path: Path, max_rank: int) -> None:
+def check_adapter_dir(path: Path, max_rank: int, shown_as: Path | None = None) -> None:
     """Reject what vLLM would reject deep inside its worker, with a message that says why (reads every
-    tensor: blocking, run it off the event loop)."""
-    _check_weights(path, read_adapter_config(path, max_rank)["r"])
+    tensor: blocking, run it off the event loop). ``shown_as``: the folder the messages name (the one a
+    staged copy was made from)."""
+    _check_weights(path, read_adapter_config(path, max_rank, shown_as)["r"], shown_as or path)
 
 
-def read_adapter_config(path: Path, max_rank: int) -> dict:
+def read_adapter_config(path: Path, max_rank: int, shown_as: Path | None = None) -> dict:
     """The adapter's ``adapter_config.json``, refused unless it is a plain LoRA of rank 1..``max_rank``
     with both PEFT files present (no tensor is read)."""
+    shown = shown_as or path
     config_file = path / "adapter_config.json"
     if not config_file.is_file() or not (path / "adapter_model.safetensors").is_file():
-        raise AdapterNotFound(f"{path}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
+        raise AdapterNotFound(f"{shown}: not a PEFT adapter (needs adapter_config.json + adapter_model.safetensors)")
     try:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as err:
-        raise AdapterError(f"{config_file}: unreadable: {err}") from None
+        raise AdapterError(f"{shown / config_file.name}: unreadable: {err}") from None
     if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
-        raise AdapterError(f"{path}: only plain LoRA adapters are supported")
+        raise AdapterError(f"{shown}: only plain LoRA adapters are supported")
     rank = config.get("r")
     if not isinstance(rank, int) or not 0 < rank <= max_rank:
-        raise AdapterError(f"{path}: rank {rank!r} is not in 1..{max_rank} (engine max_lora_rank)")
+        raise AdapterError(f"{shown}: rank {rank!r} is not in 1..{max_rank} (engine max_lora_rank)")
     return config
 
 
-def _check_weights(path: Path, rank: int) -> None:
+def _check_weights(path: Path, rank: int, shown: Path) -> None:
     """Every tensor finite and of the declared rank: one NaN would poison every request on the role."""
     import torch
     from safetensors import safe_open
@@ -93,13 +110,13 @@ def _check_weights(path: Path, rank: int) -> None:
             for key in weights.keys():
                 tensor = weights.get_tensor(key)
                 if "lora_A" in key and tensor.shape[0] != rank or "lora_B" in key and tensor.shape[-1] != rank:
-                    raise AdapterError(f"{path}: {key} has shape {tuple(tensor.shape)}, not rank {rank}")
+                    raise AdapterError(f"{shown}: {key} has shape {tuple(tensor.shape)}, not rank {rank}")
                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise AdapterError(f"{path}: {key} holds non-finite values")
+                    raise AdapterError(f"{shown}: {key} holds non-finite values")
     except AdapterError:
         raise
     except Exception as err:  # a truncated or foreign file
-        raise AdapterError(f"{path}: unreadable adapter weights: {err}") from None
+        raise AdapterError(f"{shown}: unreadable adapter weights: {err}") from None
 
 
 class AdapterRegistry:
@@ -119,6 +136,9 @@ class AdapterRegistry:
         self._next_lora_id = 1
         self._removals: set[asyncio.Task[None]] = set()
         self._listeners: list[Callable[[AdapterVersion], Awaitable[None] | None]] = []
+        self.staging: AdapterStaging | None = None
+        """Where ``publish(stage=True)`` copies a folder before it is checked and loaded; set once by the
+        composition root (``services.py``). None: such folders load in place (a registry without a data dir)."""
 
     def roles(self) -> list[str]:
         return list(self._current)
@@ -144,14 +164,15 @@ class AdapterRegistry:
     def on_publish(self, listener: Callable[[AdapterVersion], Awaitable[None] | None]) -> None:
         self._listeners.append(listener)
 
-    async def register(self, role: str, host: LoRAHost, path: Path) -> AdapterVersion:
-        """Load a role's first adapter version on ``host``; where that fails, the role stays unknown."""
+    async def register(self, role: str, host: LoRAHost, path: Path, *, stage: bool = False) -> AdapterVersion:
+        """Load a role's first adapter version on ``host``; where that fails, the role stays unknown.
+        ``stage``: as for ``publish``."""
         if role in self._current:
             raise AdapterError(f"role {role!r} already has an adapter")
         self._hosts[role] = host
         self._locks.setdefault(role, asyncio.Lock())
         try:
-            return await self.publish(role, path)
+            return await self.publish(role, path, stage=stage)
         except BaseException:
             if role not in self._current:
                 self._hosts.pop(role, None)
@@ -169,21 +190,54 @@ class AdapterRegistry:
             self._remove_if_drained(version)
         return version
 
-    async def publish(self, role: str, path: Path) -> AdapterVersion:
-        """Load ``path`` as the role's next version and switch new requests to it atomically."""
+    async def publish(self, role: str, path: Path, *, stage: bool = False) -> AdapterVersion:
+        """Load ``path`` as the role's next version and switch new requests to it atomically. ``stage``: a
+        folder a request named, checked and loaded as a private copy (``staging``); ``AdapterFileRefused``
+        where it holds a link or a special file."""
         host = self._hosts.get(role)
         if host is None:
             raise AdapterError(f"role {role!r} has no adapter")
         path = path.resolve()
         # Every tensor is read and checked: hundreds of MB for an 8B model's adapter, so off the loop.
-        await asyncio.to_thread(check_adapter_dir, path, host.max_lora_rank)
+        loaded = await asyncio.to_thread(self._checked, path, host.max_lora_rank, stage)
+        try:
+            new = await self._switch(role, host, path, loaded)
+        except BaseException:
+            if loaded != path and self.staging is not None:
+                self.staging.discard(loaded)
+            raise
+        for listener in self._listeners:
+            result = listener(new)
+            if result is not None:
+                await result
+        return new
+
+    def _checked(self, path: Path, max_rank: int, stage: bool) -> Path:
+        """The folder to load: ``path`` checked, or (``stage``) its private copy, checked. Blocking."""
+        if not stage or self.staging is None:
+            check_adapter_dir(path, max_rank)
+            return path
+        try:
+            staged = self.staging.stage(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise AdapterNotFound(f"{path}: not a PEFT adapter (no such folder)") from None
+        try:
+            check_adapter_dir(staged, max_rank, shown_as=path)
+        except BaseException:
+            self.staging.discard(staged)
+            raise
+        return staged
+
+    async def _switch(self, role: str, host: LoRAHost, path: Path, loaded: Path) -> AdapterVersion:
+        """Load the checked folder ``loaded`` (``path`` or its copy) on ``host`` as the role's next version."""
         async with self._locks[role]:
             if self._hosts.get(role) is not host:
                 raise AdapterError(f"role {role!r} was removed while its adapter was being checked")
             old = self._current.get(role)
-            if old is not None and old.path == path:
+            if old is not None and old.origin == path:
                 raise AdapterError(f"{path} is already served as {role}@v{old.version}; publish a new folder")
-            new = AdapterVersion(role, self._last_version.get(role, 0) + 1, self._next_lora_id, path)
+            new = AdapterVersion(role, self._last_version.get(role, 0) + 1, self._next_lora_id, loaded,
+                                 source=path if loaded != path else None)
             self._next_lora_id += 1
             try:
                 await host.add_lora(new.lora_request())
@@ -192,15 +246,12 @@ class AdapterRegistry:
             self._current[role] = new
             self._last_version[role] = new.version
             self._version_hosts[new.lora_id] = host
-            log.info("adapter %s@v%d is live (lora id %d, %s)", role, new.version, new.lora_id, path)
+            log.info("adapter %s@v%d is live (lora id %d, %s%s)", role, new.version, new.lora_id,
+                     printable(str(path)), f", loaded from its copy {loaded}" if new.source else "")
             if old is not None:
                 old.is_retired = True
                 self._draining[old.lora_id] = old
                 self._remove_if_drained(old)
-        for listener in self._listeners:
-            result = listener(new)
-            if result is not None:
-                await result
         return new
 
     @asynccontextmanager
@@ -231,3 +282,5 @@ class AdapterRegistry:
             log.info("adapter %s@v%d drained and unloaded", version.role, version.version)
         except Exception as err:  # an engine that is shutting down; nothing left to free
             log.warning("could not unload adapter %s@v%d: %s", version.role, version.version, err)
+        if version.source is not None and self.staging is not None:
+            await asyncio.to_thread(self.staging.discard, version.path)

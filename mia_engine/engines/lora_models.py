@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from ..base.log_text import printable
 from ..config import RESERVED_MODEL_IDS, SamplingDefaults, resolve_role
 from ..config.lora_modules import check_model_id, default_lora_engine
 from .adapters import AdapterVersion
@@ -78,24 +79,25 @@ class RuntimeLoRAs:
     async def load(self, name: str, path: Path, base_model: str | None = None, *,
                    replace: bool = False) -> AdapterVersion:
         """Serve the PEFT folder ``path`` as model id ``name`` on the engine of ``base_model`` (a base model's
-        id; None: ``default_lora_engine``), or (``replace``) as the next version of an id already served.
-        Raises ``LoRARefused``, ``adapters.AdapterError`` (its subclass ``AdapterNotFound`` where no adapter is
-        at ``path``) or ``EngineUnavailable``."""
+        id; None: ``default_lora_engine``), or (``replace``) as the next version of an id already served; the
+        engine loads a private copy of the folder (``AdapterRegistry.publish(stage=True)``). Raises
+        ``LoRARefused``, ``adapters.AdapterError`` (its subclass ``AdapterNotFound`` where no adapter is at
+        ``path``), ``adapter_staging.AdapterFileRefused`` or ``EngineUnavailable``."""
         server = self._server
         async with self._lock:
             self.check_load(name, base_model, replace=replace)
             handle = server.find(name)
             if handle is not None:
-                version = await server.adapters.publish(name, path)
-                log.info("LoRA adapter %s reloaded from %s as %s@v%d on engine %s", name, version.path, name,
-                         version.version, handle.engine.name)
+                version = await server.adapters.publish(name, path, stage=True)
+                log.info("LoRA adapter %s reloaded from %s as %s@v%d on engine %s", name,
+                         printable(str(version.origin)), name, version.version, handle.engine.name)
                 return version
             engine = self._engine(base_model)
-            version = await server.adapters.register(name, engine, path)
+            version = await server.adapters.register(name, engine, path, stage=True)
             sampling, template_kwargs = self._defaults(name)
             server.serve(name, RoleTarget(engine, name, sampling, "role", template_kwargs))
-            log.info("LoRA adapter %s loaded from %s as %s@v%d on engine %s", name, version.path, name,
-                     version.version, engine.name)
+            log.info("LoRA adapter %s loaded from %s as %s@v%d on engine %s", name,
+                     printable(str(version.origin)), name, version.version, engine.name)
             return version
 
     async def unload(self, name: str) -> AdapterVersion:

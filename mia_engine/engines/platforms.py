@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..base.parent_watch import watch_parent
+
 if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..config.cpu import CpuConfig
@@ -66,8 +68,12 @@ def resolve_platform(cpu: CpuConfig) -> Platform:
 def platform_plugin() -> str | None:
     """The ``vllm.platform_plugins`` entry point: on a CPU build of vLLM, ``CPU_PLATFORM``; elsewhere (a
     GPU build) None, so vLLM detects its own platform. vLLM calls it while it resolves
-    ``current_platform``, so it imports nothing that needs one."""
+    ``current_platform``, so it imports nothing that needs one. It is also the earliest call of ours in
+    each process vLLM spawns (the child resolves the platform while it imports its entry point), so it
+    starts that process's watch on its parent (``base/parent_watch.py``) first, on every build."""
     from vllm.platforms import cpu_platform_plugin
+
+    watch_parent()
 
     return CPU_PLATFORM if cpu_platform_plugin() is not None else None
 

@@ -18,6 +18,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from types import MappingProxyType
 
+from ..base.parent_watch import mark_root
 from ..config import MIAConfig, SamplingDefaults, resolve_role
 from ..config.roles import INIT_ADAPTER
 from ..models.cache import default_home
@@ -41,8 +42,10 @@ class RoleServer:
 
     def __init__(self, config: MIAConfig, platform: Platform | None = None) -> None:
         """Build it in the main thread, before any engine starts: it makes vLLM spawn its processes.
-        ``platform``: the one the server resolved (None: resolve it here)."""
+        ``platform``: the one the server resolved (None: resolve it here). The engine processes die with
+        the process that builds it (``base/parent_watch.py``), whether it serves, evaluates or benchmarks."""
         use_spawn()
+        mark_root()
         self.config = config
         self.platform = platform or resolve_platform(config.cpu)
         self.home = Path(config.models.home).expanduser() if config.models.home else default_home()
@@ -172,7 +175,7 @@ class RoleServer:
             parent = None if target.owned_by == "engine" else engine.config.model_ids(engine.name)[0]
             cards.append(ModelCard(model_id, target.owned_by, base_model_root(engine),
                                    version.version if version else None, parent, handle.max_model_len(),
-                                   str(version.path) if version else None))
+                                   str(version.origin) if version else None))
         return cards
 
     def has_model(self, model: str) -> bool:

@@ -14,6 +14,7 @@ back to it. Version numbers only grow, across restarts too: a save never replace
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -21,6 +22,7 @@ import re
 import shutil
 import stat
 import uuid
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -111,7 +113,10 @@ class AdapterCheckpoints:
     """Durable copies of published adapter versions under ``root/v{version:06d}`` plus ``root/LATEST``.
 
     Every write is a temp file or folder renamed into place, so a crash leaves either the old or the new
-    state, never half a checkpoint. One owner per root (the learner of one role).
+    state, never half a checkpoint. One owner per root (the learner of one role): the first instance locks
+    the root (``flock`` on the folder, held until ``close`` or exit) and only the holder removes the ``.tmp-*``
+    a crash left, so a second server started on the same data dir (refused later, when it opens the
+    memory store) never deletes a checkpoint the first one is writing.
     """
 
     def __init__(self, root: Path, keep: int) -> None:
@@ -120,11 +125,23 @@ class AdapterCheckpoints:
         self.root = Path(root)
         self.keep = keep
         private_dir(self.root, "data_dir")
-        for stale in self.root.glob(".tmp-*"):  # left by a crash mid-write
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        self._release = weakref.finalize(self, os.close, fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:  # BlockingIOError: another instance holds it
+            log.warning("%s is in use by another learner (%s): its unfinished checkpoints are left alone",
+                        self.root, err)
+            return
+        for stale in self.root.glob(".tmp-*"):  # left by a crash mid-write: only the lock's holder writes here
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
             else:
                 stale.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Release the root's lock (also done when the instance is collected)."""
+        self._release()
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version:06d}"

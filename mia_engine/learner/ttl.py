@@ -219,17 +219,18 @@ class TestTimeLearner:
         prune_published(path.parent, self.config.num_checkpoints_kept + 1, protected)
 
     async def _on_publish(self, version: AdapterVersion) -> None:
-        """An operator's adapter (``POST /v1/adapters/{role}``) becomes the learner's starting point."""
+        """An operator's adapter (``POST /v1/adapters/{role}``) becomes the learner's starting point (read from
+        ``version.path``: the registry's checked copy of the operator's folder)."""
         if version.role != self.role or version.path.resolve() in self._own_paths or self._learner is None:
             return
-        task = asyncio.ensure_future(self._adopt_locked(version.path))
+        task = asyncio.ensure_future(self._adopt_locked(version))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _adopt_locked(self, path: Path) -> None:
-        async with self._lock:
-            if self._learner is not None and path != self._based_on:
-                await self._adopt(path)
+    async def _adopt_locked(self, version: AdapterVersion) -> None:
+        async with self._lock:  # a version replaced meanwhile is skipped: its copy goes once it drains
+            if self._learner is not None and not version.is_retired and version.path != self._based_on:
+                await self._adopt(version.path)
 
     async def _adopt(self, path: Path) -> None:
         """Continue learning from ``path`` (served now), checkpointed as the next version."""

@@ -8,8 +8,11 @@ Where things live (request path top-down; the ``/v1/memory`` routes and their bo
 - ``retrieval``: ``SearchQuery`` and the batched bucket search; ``capacity``: the ``max_num_stored`` rule.
 - ``consolidation``: replacement, rollout selection and clearing rules (pure functions).
 - ``buckets`` / ``index`` / ``meta_plans``: score matrices, FAISS indexes, Meta Plan Memory.
-- ``journal`` / ``jsonl``: crash-safe on-disk format; export/import format; ``import_chunks``: an import
-  cut into journal changes.
+- ``framing``: the CRC frame every journal change and snapshot part is written in; ``journal``: the
+  append-only change log and its sealed segments; ``snapshot``: snapshot generations, written in parts on
+  their own thread; ``recovery``: what a start loads (the newest readable generation and the journal after
+  it); ``legacy``: readers of the previous on-disk format.
+- ``jsonl``: export/import format; ``import_chunks``: an import cut into journal changes.
 - ``embedder``: the sentence encoder; ``entries``: the records; ``validation``: their checks;
   ``blas``: the CPU score's thread cap. Every knob is in ``config/memory.py``.
 """

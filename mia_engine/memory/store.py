@@ -4,7 +4,8 @@ Synchronous and single-threaded by design: ``MemoryService`` runs every call on 
 which serialises writes without locks and keeps disk I/O off the event loop. Every mutation is
 built as a ``Change`` against the current state, validated, journaled (the durability point),
 and only then applied to ``StoreContents`` (``contents.py``), so what is in memory is always what a
-restart would rebuild.
+restart would rebuild. Snapshots are taken on the store thread (lists of the frozen records) and
+written on a thread of their own (``snapshot.py: SnapshotWriter``), so no write or search waits for one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import msgspec
@@ -42,7 +44,9 @@ from .entries import (
 from .import_chunks import import_changes
 from .index import gpu_resources
 from .journal import Change, CountUpdate, Journal
+from .recovery import recover
 from .retrieval import SearchQuery, search_many
+from .snapshot import SnapshotWriter
 from .store_devices import score_device
 from .validation import bucket_key, validated_entry, validated_pair, validated_record
 
@@ -57,6 +61,7 @@ class ExperienceStore:
         config: MemoryConfig,
         dim: int,
         journal: Journal,
+        writer: SnapshotWriter,
         *,
         clock: Callable[[], float],
         score_fn: ScoreFn,
@@ -64,16 +69,18 @@ class ExperienceStore:
         self._config = config
         self._dim = dim
         self._journal = journal
+        self._writer = writer
         self._clock = clock
         self._score_fn = score_fn
         device = score_device(config.score_device)
         self._blas_cap = blas_thread_cap(config.score_cpu_threads if device.type == "cpu" else 0)
         self._contents = StoreContents(dim, device, gpu_resources(config.index_device))
-        self._num_since_snapshot = 0
         self._snapshot_retry_at = -math.inf
         """Clock time before which no periodic snapshot is tried (set after a failure)."""
         self._snapshot_backoff_s = config.durability.snapshot_retry_s
         """Wait after the next failure; doubles per consecutive failure, reset by a success."""
+        self._snapshot_started_at = 0.0
+        """Clock time the background snapshot write was started (its failure's wait counts from there)."""
 
     @classmethod
     def open(
@@ -85,20 +92,22 @@ class ExperienceStore:
         clock: Callable[[], float] = time.time,
         score_fn: ScoreFn | None = None,
     ) -> ExperienceStore:
-        """Restore the exact state left by the last acknowledged write (snapshot + journal replay)."""
-        journal, recovered = Journal.open(Path(data_dir), config.durability)
-        store = cls(config, dim, journal, clock=clock, score_fn=score_fn or _default_score_fn())
+        """Restore the exact state left by the last acknowledged write (snapshot + journal replay); damage loses
+        only what it hit (``recovery.py``), and is compacted away at once."""
+        journal, recovered = recover(Path(data_dir), config.durability)
+        writer = SnapshotWriter(Path(data_dir), recovered.floor)
         try:
+            store = cls(config, dim, journal, writer, clock=clock, score_fn=score_fn or _default_score_fn())
             if recovered.snapshot is not None:
                 store._contents.restore(recovered.snapshot)
             for change in recovered.changes:
                 store._contents.apply(change)
-        except Exception:
+        except BaseException:
+            writer.close()
             journal.close()
             raise
-        store._num_since_snapshot = len(recovered.changes)
-        if recovered.num_damaged_bytes:
-            store._compact_after_damage()
+        if recovered.num_damaged_bytes or recovered.damaged_generations:
+            store._compact_after_damage(recovered.damaged_generations)
         return store
 
     # ---- reads ---------------------------------------------------------------------------
@@ -159,7 +168,7 @@ class ExperienceStore:
             buckets=buckets,
             dim=self._dim,
             journal_seq=self._contents.seq,
-            num_records_since_snapshot=self._num_since_snapshot,
+            num_records_since_snapshot=self._contents.seq - self._writer.durable_seq,
         )
 
     # ---- writes --------------------------------------------------------------------------
@@ -244,12 +253,21 @@ class ExperienceStore:
             self._commit(change)
         return len(validated)
 
-    def compact(self) -> None:
-        """Write a snapshot now and empty the journal (also done every ``snapshot_interval`` writes)."""
-        self._journal.write_snapshot(self._contents.snapshot())
-        self._num_since_snapshot = 0
+    def compact(self, damaged: Sequence[Path] = ()) -> None:
+        """Write a snapshot now, on this thread (also done in the background every ``snapshot_interval``
+        writes); ``damaged`` generation files are removed once it is durable."""
+        self.wait_for_snapshot()
+        snapshot = self._contents.snapshot()
+        self._journal.seal(snapshot.seq)
+        self._writer.write(snapshot, damaged)
+
+    def wait_for_snapshot(self) -> None:
+        """Until the background snapshot write, if one is running, has finished (its outcome is logged)."""
+        self._writer.wait()
+        self._note_snapshot_outcome()
 
     def close(self) -> None:
+        self._writer.close()
         self._journal.close()
 
     # ---- internals -----------------------------------------------------------------------
@@ -258,40 +276,73 @@ class ExperienceStore:
         change = with_room(change, self._contents, self._config)
         change = msgspec.structs.replace(change, seq=self._contents.seq + 1)
         self._journal.append(change)  # the durability point: acknowledged from here on
-        self._contents.apply(change)
-        self._num_since_snapshot += 1
-        if self._num_since_snapshot >= self._config.durability.snapshot_interval:
-            self._periodic_snapshot()
+        try:
+            self._contents.apply(change)
+        except Exception:
+            self._withdraw(change)
+            raise
+        self._periodic_snapshot()
+
+    def _withdraw(self, change: Change) -> None:
+        """A change that failed to apply is not acknowledged, so it must not replay either: its frame is cut
+        (and its ``seq`` reused). Where the cut fails, the frame stays and its ``seq`` is used up, so no later
+        change shares it (replay keeps one change per ``seq``)."""
+        try:
+            self._journal.retract()
+        except OSError as err:
+            self._contents.seq = change.seq
+            logger.error("memory journal: change %d failed to apply and could not be withdrawn (%s); it will be "
+                         "replayed at the next start", change.seq, err)
 
     def _periodic_snapshot(self) -> None:
-        """A failed snapshot must not fail the write that triggered it: that write is already durable.
+        """Every ``snapshot_interval`` changes, start a snapshot in the background (one at a time).
 
-        Any error is logged and the next attempt waits (``durability.snapshot_retry_s``, doubling)."""
+        A failed snapshot never fails a write (each is already durable in the journal): it is logged and the
+        next attempt waits (``durability.snapshot_retry_s``, doubling)."""
+        self._note_snapshot_outcome()
+        due = self._contents.seq - self._writer.durable_seq >= self._config.durability.snapshot_interval
+        if not due or self._writer.is_busy:
+            return
         now = self._clock()
         if now < self._snapshot_retry_at:
             return
+        self._snapshot_started_at = now
         try:
-            self.compact()
+            snapshot = self._contents.snapshot()
+            self._journal.seal(snapshot.seq)
         except Exception as err:  # noqa: BLE001 - whatever failed, the acknowledged write stands
-            delay = self._snapshot_backoff_s
-            self._snapshot_retry_at = now + delay
-            self._snapshot_backoff_s = min(2 * delay, self._config.durability.max_snapshot_retry_s)
-            logger.warning("memory snapshot failed (%s: %s); the writes are durable in the journal, which keeps "
-                           "growing until a snapshot succeeds; next try in %.0f s", type(err).__name__, err, delay)
+            self._snapshot_failed(err)
+            return
+        self._writer.start(snapshot)
+
+    def _note_snapshot_outcome(self) -> None:
+        """Log the background write's failure (and set the wait before the next), or reset the wait."""
+        done: Future[Path] | None = self._writer.finished()
+        if done is None:
+            return
+        if done.exception() is not None:
+            self._snapshot_failed(done.exception())
             return
         self._snapshot_retry_at = -math.inf
         self._snapshot_backoff_s = self._config.durability.snapshot_retry_s
 
-    def _compact_after_damage(self) -> None:
-        """Replay skipped damaged journal bytes (copied aside): a snapshot now leaves a clean journal."""
+    def _snapshot_failed(self, err: BaseException) -> None:
+        delay = self._snapshot_backoff_s
+        self._snapshot_retry_at = self._snapshot_started_at + delay
+        self._snapshot_backoff_s = min(2 * delay, self._config.durability.max_snapshot_retry_s)
+        logger.warning("memory snapshot failed (%s: %s); the writes are durable in the journal, which keeps growing "
+                       "until a snapshot succeeds; next try in %.0f s", type(err).__name__, err, delay)
+
+    def _compact_after_damage(self, damaged: Sequence[Path]) -> None:
+        """After damaged journal bytes or snapshot parts (copied aside): a snapshot now leaves clean files."""
         try:
-            self.compact()
-        except Exception as err:  # noqa: BLE001 - the store is whole in memory; the next start resyncs again
-            logger.warning("memory journal: compacting after skipping damaged bytes failed (%s: %s); the next "
-                           "start will skip them again", type(err).__name__, err)
+            self.compact(damaged)
+        except Exception as err:  # noqa: BLE001 - the store is whole in memory; the next start reads the same
+            logger.warning("memory store: compacting after damage failed (%s: %s); the next start will skip the "
+                           "damage again", type(err).__name__, err)
             return
-        logger.warning("memory journal: rewritten as a snapshot after skipping damaged bytes; %d memories, "
-                       "%d Meta Plan pairs", len(self._contents.entries), len(self._contents.meta_plans))
+        logger.warning("memory store: rewritten as a snapshot after damage; %d memories, %d Meta Plan pairs",
+                       len(self._contents.entries), len(self._contents.meta_plans))
 
     def _plan_add(self, entry: MemoryEntry) -> tuple[AddResult, Change]:
         """The change ``add`` would make, without making it."""

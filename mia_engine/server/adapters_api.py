@@ -8,7 +8,9 @@ version's folder to the admin scope only (others see its name, ``role@vN``: abso
 the operator's business); publishing needs
 the admin key, an admin admission slot, and a folder under one of the configured adapter folders
 (``load_dirs``: ``<data_dir>/adapters``, ``learner.publish_dir``, ``server.adapter_dirs``), checked with
-symlinks resolved before anything in it is read.
+symlinks resolved before anything in it is read. The engine loads a private copy of it
+(``engines/adapter_staging.py``): a folder holding a symbolic link or a special file is refused (403
+``adapter_file_not_allowed``, naming the file), and a swap of its files after the check changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from ..config import ServerConfig
+from ..engines.adapter_staging import AdapterFileRefused
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .admission import Admission
 from .body import read_json
@@ -59,7 +62,7 @@ class AdapterInfo(msgspec.Struct):
 def _info(v: AdapterVersion, loaded: list[set[int]] | None = None, *, show_path: bool = True) -> AdapterInfo:
     """``show_path``: include the folder (admin scope only)."""
     replicas = None if loaded is None else [rank for rank, ids in enumerate(loaded) if v.lora_id in ids]
-    return AdapterInfo(v.role, v.version, v.lora_id, v.lora_request().lora_name, str(v.path) if show_path else None,
+    return AdapterInfo(v.role, v.version, v.lora_id, v.lora_request().lora_name, str(v.origin) if show_path else None,
                        v.in_flight, not v.is_retired, replicas, None if loaded is None else len(loaded))
 
 
@@ -121,7 +124,9 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
         path = loadable_path(body.path, load_dirs)
         async with admission.slot("route:admin", config.admission.max_concurrent_admin):
             try:
-                version = await registry.publish(role, path)
+                version = await registry.publish(role, path, stage=True)
+            except AdapterFileRefused as err:
+                raise Forbidden(str(err), param="path", code="adapter_file_not_allowed") from None
             except AdapterError as err:
                 raise BadRequest(str(err), param="path") from None
             except (OSError, ValueError) as err:  # a path the OS refuses (too long, bad bytes, ...)
@@ -131,7 +136,7 @@ def adapter_routes(registry: AdapterRegistry, config: ServerConfig | None = None
 
     return [
         ApiRoute("/v1/adapters", list_adapters, method="GET", summary="Adapter versions served",
-                 response_type=AdapterList),
+                 scope=("chat", "agent"), response_type=AdapterList),
         ApiRoute("/v1/adapters/{role}", publish, method="POST", summary="Publish a PEFT folder as the role's next "
-                 "version", request_type=PublishRequest, response_type=AdapterInfo, is_admin=True),
+                 "version", scope="admin", request_type=PublishRequest, response_type=AdapterInfo),
     ]

@@ -6,9 +6,12 @@ as ``vllm serve`` queues; it gets 429 with ``Retry-After`` only when the queue i
 leaves the queue at once. A slot is held until the response (a stream included) is finished, and a
 freed slot passes straight to the first waiter, so a late arrival never overtakes the queue.
 
-Each client address has its own key (``client:<address>``) before the body bound, so one client cannot take
-every slot; those keys are reported together as ``server:clients`` (one series, whatever the number of
-clients). A client that stalls its body or stops reading is cut off by ``deadlines.py``.
+Each client has its own key before the body bound, so one client cannot take every slot: a request with a
+key of ``server.keys_file`` is its key's (``client:key:<name>``, bound by the entry's ``max_concurrent``
+where set), whatever address it comes from; any other is its address's (``client:<address>``), loopback
+included unless ``bound_loopback_clients`` is off. Those keys are reported together as ``server:clients``
+(one series, whatever the number of clients). A client that stalls its body or stops reading is cut off by
+``deadlines.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import AdmissionConfig
 from .errors import APIError, TooManyRequests
+from .security import KEY_ENTRY_KEY
 
 CLIENT_PREFIX = "client:"
 """Keys of one client address each: counted, but reported together under ``CLIENTS_KEY``."""
@@ -219,6 +223,7 @@ class _Held:
 
     def __init__(self, admission: Admission, key: str, response: Response) -> None:
         self._admission, self._key, self._response = admission, key, response
+        self.status_code = response.status_code
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -233,7 +238,8 @@ class _Held:
 class AdmissionMiddleware:
     """One bound over every request with a body in flight (uploads included, before any route's own bound),
     so concurrent bodies can never hold more than ``limit`` × ``max_body_bytes`` of memory, and before it a
-    bound per client address (``max_concurrent_per_client``), so one client cannot take every body slot nor,
+    bound per client (its ``keys_file`` key, else its address: ``max_concurrent_per_client``), so one client
+    cannot take every body slot nor,
     through them, every model slot. Requests over either queue like any key's: a queued request has not had
     its body read, so waiting costs no body memory."""
 
@@ -263,9 +269,16 @@ class AdmissionMiddleware:
                 self.admission.release(key)
 
     def _keys(self, scope: Scope) -> list[tuple[str, int]]:
+        client, limit = self._client(scope)
+        return [*([(client, limit)] if client else []), ("server:bodies", self.limit)]
+
+    def _client(self, scope: Scope) -> tuple[str | None, int]:
+        """The request's per-client key and bound: its ``keys_file`` key's, else its address's (None: none)."""
         config = self.admission.config
-        per_client = config.max_concurrent_per_client
-        client = client_key(scope) if per_client else None
-        if client is not None and not config.bound_loopback_clients and _is_loopback(scope):
-            client = None
-        return [*([(client, per_client)] if client else []), ("server:bodies", self.limit)]
+        entry = scope.get(KEY_ENTRY_KEY)
+        if entry is not None:
+            limit = entry.max_concurrent or config.max_concurrent_per_client
+            return (f"{CLIENT_PREFIX}key:{entry.name}" if limit else None), limit
+        if not config.max_concurrent_per_client or (not config.bound_loopback_clients and _is_loopback(scope)):
+            return None, 0
+        return client_key(scope), config.max_concurrent_per_client

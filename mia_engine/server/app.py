@@ -7,7 +7,8 @@ request (and ``/health``) answers 503, so clients and orchestrators can wait for
 Each concern builds its own routes (``health_api``, ``models_api``, ``chat_api``, ``completions_api``,
 ``tokenize_api``, ``embeddings_api``, ``learner_api``, ``adapters_api``, ``lora_api``, ``memory_api``,
 ``openapi``);
-``build_app`` builds every group from one ``AppParts``, which the composition root (``services.py``) fills.
+``build_app`` builds every group from one ``AppParts``, which the composition root (``services.py``) fills,
+and refuses to build an app with a route that declares no scope (``openapi.ApiRoute``, ``security.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from ..base.heap_trim import trim_heap_periodically
+from ..base.log_text import printable
 from ..config import ServerConfig
 from ..engines.client import EngineClient
+from .access_log import AccessLogMiddleware
 from .adapters_api import adapter_routes
 from .admission import Admission, AdmissionMiddleware
 from .agent_api import AgentSource
@@ -44,7 +47,8 @@ from .lora_api import lora_routes
 from .memory_api import memory_routes
 from .metrics import Metrics
 from .models_api import model_routes
-from .openapi import openapi_routes
+from .key_ring import KeyRing
+from .openapi import openapi_routes, unscoped
 from .security import SecurityMiddleware
 from .tokenize_api import tokenize_routes
 
@@ -102,17 +106,30 @@ def build_app(parts: AppParts) -> Starlette:
         *(memory_routes(parts.memory, config, admission) if parts.memory is not None else []),
     ]
     routes.extend(openapi_routes(routes))
+    check_scopes(routes)
+    keys = KeyRing(config.keys_file)
     trim_heap = partial(trim_heap_periodically, config.malloc_trim_interval_s, metrics.record_heap_trim)
-    lifespan = EngineLifespan(parts.start, parts.stop, [metrics.watch_loop_lag, trim_heap])
+    lifespan = EngineLifespan(parts.start, parts.stop, [metrics.watch_loop_lag, trim_heap, keys.reload_on_sighup])
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.add_middleware(AdmissionMiddleware, admission=admission, limit=config.admission.max_concurrent_bodies)
     app.add_middleware(DeadlineMiddleware, config=config.admission)  # runs before admission: its 429s too
-    app.add_middleware(SecurityMiddleware, config=config)  # added last: runs first
+    app.add_middleware(SecurityMiddleware, config=config, keys=keys)  # added last: runs first
+    if config.access_log:  # outside even security: every answer is logged, its 401s and 429s too
+        app.add_middleware(AccessLogMiddleware)
     app.state.metrics = metrics
     app.state.admission = admission
     metrics.watch_admission(admission)
     return app
+
+
+def check_scopes(routes: Sequence[BaseRoute]) -> None:
+    """Refuse (``ValueError``, at start-up) routes that declare no scope: a route must never be open only
+    because its author forgot to close it."""
+    missing = unscoped(routes)
+    if missing:
+        raise ValueError(f"routes without a declared scope (build them as openapi.ApiRoute with scope=...): "
+                         f"{', '.join(missing)}")
 
 
 class EngineLifespan:
@@ -156,7 +173,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    log.exception("internal error on %s %s", printable(request.method, 16), printable(request.url.path),
+                  exc_info=exc)
     error = APIError("Internal server error (details are in the server log).")
     error.status, error.type = 500, "internal_error"
     return error.to_response()

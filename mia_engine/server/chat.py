@@ -14,11 +14,11 @@ from ..config import ServerConfig
 from ..engines.client import (CompletionDelta, ContextLengthError, EngineClient, EngineUnavailable,
                               ChoiceReader, InvalidGeneration, ModelUnloaded, OutputReader, OutputReading, RoleClient,
                               SamplingOptions)
-from .chat_messages import flatten_message, message_text, template_message, with_tool_fields
+from .chat_messages import flatten_message, template_message, with_tool_fields
 from .completion_parts import choice_logprobs_out, encode_with_logprobs
 from .errors import BadRequest, ErrorBody, ErrorDetail, NotFound, Unavailable
 from .images import image_param, image_parts, load_images
-from .limits import check_prompt_chars
+from .limits import chat_logprobs_param, chat_prompt_chars, check_logprob_entries, check_prompt_chars
 from .metrics import Metrics
 from .openai_bodies import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                             ChunkChoice, Delta, Usage)
@@ -68,8 +68,9 @@ class ChatService:
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequest("top_logprobs requires logprobs = true.", param="top_logprobs")
         template_kwargs = template_kwargs_of(request)
-        images = await self._images(request, role)
         tools = tool_mode(request, can_parse=bool(request.tools) and role.parses_tool_calls())
+        check_prompt_chars(chat_prompt_chars(request), role.max_model_len(), "messages", self.config.limits)
+        images = await self._images(request, role)  # the first work: images are read and decoded
         prompt_ids = await self._render(request, role, images, tools, template_kwargs)
         reader = role.output_reader(OutputReading(prompt_ids, template_kwargs or {}, tools.tools, tools.calls,
                                                   tools.named or ""))
@@ -95,8 +96,6 @@ class ChatService:
         """The prompt's token ids, by the model's chat template (with the request's template variables)."""
         messages = [with_tool_fields(m, template_message(m) if images else flatten_message(i, m))
                     for i, m in enumerate(request.messages)]
-        check_prompt_chars(sum(len(message_text(m)) for m in request.messages),
-                           role.max_model_len(), "messages", self.config.limits)
         try:
             extra: dict[str, Any] = {"tools": tools.tools} if tools.tools else {}
             if template_kwargs:
@@ -107,12 +106,17 @@ class ChatService:
 
     def _max_tokens(self, request: ChatCompletionRequest, role: RoleClient, num_prompt_tokens: int) -> int:
         """The completion's budget: what the request asks, else the role's ``sampling.max_tokens`` or what the
-        context leaves (as vLLM), capped by ``server.limits.max_tokens`` where the operator set one."""
+        context leaves (as vLLM), capped by ``server.limits.max_tokens`` where the operator set one; refused
+        where its log-probs would pass ``server.limits.max_logprob_entries``."""
         try:
             max_tokens = role.max_tokens_for(num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
         except ContextLengthError as err:
             raise BadRequest(str(err), param="messages", code="context_length_exceeded") from None
-        return capped_budget(max_tokens, self.config.limits.max_tokens)
+        max_tokens = capped_budget(max_tokens, self.config.limits.max_tokens)
+        if request.logprobs:  # a budget the request did not give is known only now
+            check_logprob_entries(chat_logprobs_param(request), request.n * max_tokens, request.top_logprobs or 0,
+                                  self.config.limits)
+        return max_tokens
 
     def vocab_size(self, model: str) -> int:
         """The vocabulary of ``model``'s engine in tokens; 0 for a model id not served (yet)."""

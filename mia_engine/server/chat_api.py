@@ -1,9 +1,10 @@
 """``POST /v1/chat/completions``: a raw role (``chat.py: ChatService``) or, for model ``mia``, the research
 agent (``agent_api.py: AgentChat``).
 
-The whole request is checked (body cap, limits, the admin key for ``learn``, the model) before it takes an
-admission slot of its model (a role) or of the research route (``mia``). A non-streamed answer is
-cancelled, with its engine requests, if the client goes away first; a stream keeps its slot until it ends.
+The whole request is checked (body cap, limits, the model, the key's scope for it: ``agent`` for ``mia``,
+``chat`` for a role, and ``learn`` for ``learn: true``, which is audited) before it takes an admission slot of
+its model (a role) or of the research route (``mia``). A non-streamed answer is cancelled, with its engine
+requests, if the client goes away first; a stream keeps its slot until it ends.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .metrics import Metrics
 from .openai_bodies import ChatCompletion, ChatCompletionRequest
 from .openapi import ApiRoute
 from .responses import JSONPartsResponse
-from .security import require_admin
+from .security import audit, require_scope
 
 
 def chat_routes(client: EngineClient, config: ServerConfig, admission: Admission, metrics: Metrics,
@@ -40,7 +41,7 @@ def chat_routes(client: EngineClient, config: ServerConfig, admission: Admission
     return [
         ApiRoute("/v1/chat/completions", handlers.chat_completions, method="POST",
                  summary="Chat completion of a role, or a research answer (model `mia`)",
-                 request_type=ChatCompletionRequest, response_type=ChatCompletion),
+                 scope=("chat", "agent"), request_type=ChatCompletionRequest, response_type=ChatCompletion),
     ]
 
 
@@ -59,9 +60,12 @@ class ChatHandlers:
         body: ChatCompletionRequest = decode_body(raw, self._decoder)
         warn_ignored("/v1/chat/completions", raw, ChatCompletionRequest)
         check_chat_limits(body, config.limits, self._chat.vocab_size(body.model))
+        is_research = body.model == AGENT_MODEL and self._agent_chat is not None
+        require_scope(request, "agent" if is_research else "chat", f"Model `{body.model}`", param="model")
         if body.learn:
-            require_admin(request, "Learning from a request (learn: true)", param="learn")
-        if body.model == AGENT_MODEL and self._agent_chat is not None:
+            require_scope(request, "learn", "Learning from a request (learn: true)", param="learn")
+            audit(request, f"learn: true on model `{body.model}`", "requested")
+        if is_research:
             refuse_raw_only_fields(body)
             return await self._admitted(request, body, f"route:{AGENT_MODEL}",
                                         config.admission.max_concurrent_research, self._research)

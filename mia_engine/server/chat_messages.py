@@ -28,6 +28,19 @@ def message_text(message: ChatMessage) -> str:
     return "\n".join(p.text for p in content if isinstance(p, TextPart))
 
 
+def message_chars(message: ChatMessage) -> int:
+    """Characters of everything of a message a chat template may render: its text parts, its name, its tool
+    calls (ids, function names, arguments) and the call it answers (images are bounded apart, ``images.py``)."""
+    num_chars = len(message.name or "") + len(message.tool_call_id or "")
+    if isinstance(message.content, list):
+        num_chars += sum(len(p.text) for p in message.content if isinstance(p, TextPart))
+    else:
+        num_chars += len(message.content or "")
+    for call in message.tool_calls or ():
+        num_chars += len(call.id) + len(call.type) + len(call.function.name) + len(call.function.arguments)
+    return num_chars
+
+
 def with_tool_fields(message: ChatMessage, rendered: dict[str, Any]) -> dict[str, Any]:
     """``rendered`` with the message's tool calls (arguments as JSON text) and the call it answers."""
     if message.tool_calls:

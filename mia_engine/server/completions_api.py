@@ -36,7 +36,7 @@ from .streaming import chain, sse
 from .chat_api import until_disconnect
 from .completion_bodies import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
 from .errors import BadRequest, ErrorBody, ErrorDetail, Unavailable
-from .limits import check_max_tokens, check_prompt_chars, check_stop, check_structured
+from .limits import check_logprob_entries, check_max_tokens, check_prompt_chars, check_stop, check_structured
 from .metrics import Metrics
 from .openai_bodies import MAX_INT, Usage
 from .openapi import ApiRoute
@@ -48,7 +48,7 @@ def completion_routes(client: EngineClient, config: ServerConfig, admission: Adm
     handlers = CompletionHandlers(client, ChatService(client, config, metrics), config, admission,
                                   has_agent=has_agent)
     return [ApiRoute("/v1/completions", handlers.completions, method="POST",
-                     summary="Text completion of a prompt by a role (OpenAI's legacy completions)",
+                     summary="Text completion of a prompt by a role (OpenAI's legacy completions)", scope="chat",
                      request_type=CompletionRequest, response_type=Completion)]
 
 
@@ -81,12 +81,12 @@ class CompletionHandlers:
         raw = await read_body(request, self._config.max_body_bytes)
         body: CompletionRequest = decode_body(raw, self._decoder)
         warn_ignored("/v1/completions", raw, CompletionRequest)
-        role = self._check(body)
+        role, prompts = self._check(body)
         key = f"model:{body.model}"
         await self._admission.acquire(key, self._config.admission.max_concurrent_per_model, param="model",
                                       request=request)
         try:
-            prepared = await self._prepare(body, role)
+            prepared = await self._prepare(body, role, prompts)
             if body.stream:
                 generations = await self._open(prepared, stream=True)
                 response: Response = StreamingResponse(
@@ -100,8 +100,8 @@ class CompletionHandlers:
         self._admission.release(key)
         return response
 
-    def _check(self, body: CompletionRequest) -> RoleClient:
-        """Everything that refuses a request before it takes a slot; the model's handle."""
+    def _check(self, body: CompletionRequest) -> tuple[RoleClient, list[str | list[int]]]:
+        """Everything that refuses a request before it takes a slot; the model's handle and the prompts."""
         if body.model == AGENT_MODEL and self._has_agent:
             raise BadRequest(f"`{AGENT_MODEL}` (the research agent) answers questions on /v1/chat/completions; "
                              "/v1/completions serves the raw roles.", param="model", code="model_not_supported")
@@ -117,22 +117,31 @@ class CompletionHandlers:
             raise BadRequest("suffix (fill in the middle) is not supported by these models.", param="suffix")
         if body.echo and body.logprobs is not None:
             raise BadRequest("echo with logprobs (the prompt's log-probs) is not supported.", param="echo")
-        choices = len(_prompts(body.prompt)) * body.n
+        prompts = _prompts(body.prompt)
+        choices = len(prompts) * body.n
         if choices > limits.max_completion_choices:
             raise BadRequest(f"{choices} choices (prompts x n) in one request; this server takes at most "
                              f"{limits.max_completion_choices} (server.limits.max_completion_choices).", param="prompt",
                              code="limit_exceeded")
+        for index, prompt in enumerate(prompts):  # each prompt's size, before any is tokenised
+            if isinstance(prompt, str):
+                check_prompt_chars(len(prompt), role.max_model_len(), _param(body, index), limits)
+            else:
+                _budget(role, len(prompt), body.max_tokens, _param(body, index))
+        requested = body.max_tokens or limits.max_tokens
+        check_logprob_entries("logprobs", choices * requested if requested else None, body.logprobs, limits)
         check_stop(body.stop, limits)
         check_structured(body, limits, role.vocab_size())
-        return role
+        return role, prompts
 
-    async def _prepare(self, body: CompletionRequest, role: RoleClient) -> PreparedCompletion:
+    async def _prepare(self, body: CompletionRequest, role: RoleClient, texts: list[str | list[int]]
+                       ) -> PreparedCompletion:
+        """The prompts in token ids, each with its budget (``_check`` has bounded their sizes)."""
         options = _options(body)
         prompts = []
-        for index, prompt in enumerate(_prompts(body.prompt)):
-            param = "prompt" if isinstance(body.prompt, str) else f"prompt[{index}]"
+        for index, prompt in enumerate(texts):
+            param = _param(body, index)
             if isinstance(prompt, str):
-                check_prompt_chars(len(prompt), role.max_model_len(), param, self._config.limits)
                 ids = await role.tokenize(prompt, add_special_tokens=body.add_special_tokens)
                 echo = prompt if body.echo else ""
             else:
@@ -140,12 +149,11 @@ class CompletionHandlers:
                 echo = await _detokenize(role, ids, param) if body.echo else ""
             if not ids:
                 raise BadRequest("The prompt is empty.", param=param)
-            try:
-                max_tokens = role.max_tokens_for(len(ids), body.max_tokens)
-            except ContextLengthError as err:
-                raise BadRequest(str(err), param=param, code="context_length_exceeded") from None
-            max_tokens = capped_budget(max_tokens, self._config.limits.max_tokens)
+            max_tokens = capped_budget(_budget(role, len(ids), body.max_tokens, param), self._config.limits.max_tokens)
             prompts.append(PreparedPrompt(ids, echo, msgspec.structs.replace(options, max_tokens=max_tokens)))
+        # a budget the request did not give is known only now
+        check_logprob_entries("logprobs", body.n * sum(p.options.max_tokens or 0 for p in prompts), body.logprobs,
+                              self._config.limits)
         return PreparedCompletion(body, role, prompts, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
 
     async def _open(self, prepared: PreparedCompletion, *, stream: bool) -> list[Generation]:
@@ -228,6 +236,20 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
         return [list(p) for p in prompt]
     raise BadRequest("prompt must be a string, a list of strings, a list of token ids, or a list of non-empty "
                      "token-id lists.", param="prompt")
+
+
+def _param(body: CompletionRequest, index: int) -> str:
+    """The field of the request's ``index``-th prompt: ``prompt`` for a single text or token-id list."""
+    single = isinstance(body.prompt, str) or not isinstance(body.prompt[0], (str, list))
+    return "prompt" if single else f"prompt[{index}]"
+
+
+def _budget(role: RoleClient, num_prompt_tokens: int, requested: int | None, param: str) -> int:
+    """``role.max_tokens_for``, its ``ContextLengthError`` a 400 naming ``param``."""
+    try:
+        return role.max_tokens_for(num_prompt_tokens, requested)
+    except ContextLengthError as err:
+        raise BadRequest(str(err), param=param, code="context_length_exceeded") from None
 
 
 def _is_token_id(value: object) -> bool:

@@ -14,6 +14,7 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..base.log_text import printable
 from ..config import AdmissionConfig
 from .errors import APIError
 
@@ -88,5 +89,5 @@ class DeadlineMiddleware:
                 raise
             client = scope.get("client") or ("?", 0)
             log.warning("%s %s from %s abandoned: the client read nothing for %g s "
-                        "(server.admission.send_timeout_s)", scope["method"], scope["path"], client[0],
-                        self.config.send_timeout_s)
+                        "(server.admission.send_timeout_s)", printable(scope["method"], 16),
+                        printable(scope["path"]), printable(str(client[0]), 64), self.config.send_timeout_s)

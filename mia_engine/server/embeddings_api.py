@@ -4,6 +4,9 @@ endpoint, under the model id ``embedding`` or the encoder's folder name.
 Vectors are the encoder's own: L2-normalised mean-pooled sentence embeddings, one per input text, computed on
 the encoder's thread (never on the event loop) and batched with the memory's own encodes. ``dimensions``
 is accepted only when it equals the encoder's (a sentence encoder cannot shorten its vectors faithfully).
+The texts are bounded in number and in characters (``server.limits``) before any is read, and a request
+holds a slot of the model ``embedding`` (``server.admission.max_concurrent_per_model``) while it encodes, so
+concurrent requests wait in that queue rather than in the encoder's, which the memory's own encodes share.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from starlette.routing import BaseRoute
 
 from ..config import EMBEDDING_MODEL, ServerConfig
 from ..memory.embedder import EncoderBusy
+from .admission import Admission
 from .body import read_json
 from .errors import BadRequest, NotFound, TooManyRequests, Unavailable
+from .limits import check_embedding_inputs
 from .openapi import ApiRoute
 from .responses import json_response
 
@@ -81,7 +86,7 @@ def encoder_name(encoder: SentenceEncoder) -> str:
 def embedding_routes(source: EncoderSource, config: ServerConfig) -> list[BaseRoute]:
     handlers = EmbeddingHandlers(source, config)
     return [ApiRoute("/v1/embeddings", handlers.embeddings, method="POST",
-                     summary="Sentence embeddings from the memory's encoder (model `embedding`)",
+                     summary="Sentence embeddings from the memory's encoder (model `embedding`)", scope="chat",
                      request_type=EmbeddingRequest, response_type=EmbeddingList)]
 
 
@@ -106,16 +111,15 @@ class EmbeddingHandlers:
             raise BadRequest(f"dimensions = {body.dimensions}: this encoder's vectors have {encoder.dim} and cannot "
                              "be shortened.", param="dimensions")
         texts = [body.input] if isinstance(body.input, str) else body.input
-        cap = self._config.limits.max_embedding_inputs
-        if len(texts) > cap:
-            raise BadRequest(f"input has {len(texts)} texts; this server takes at most {cap} per request "
-                             "(server.limits.max_embedding_inputs).", param="input",
-                             code="limit_exceeded")
-        try:
-            vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread
-        except EncoderBusy as err:
-            raise TooManyRequests(str(err), retry_after_s=self._config.admission.retry_after_s) from None
-        num_tokens = await self._count_tokens(encoder, texts)
+        check_embedding_inputs(texts, self._config.limits)
+        admission: Admission = request.app.state.admission
+        async with admission.slot(f"model:{EMBEDDING_MODEL}", self._config.admission.max_concurrent_per_model,
+                                  param="model", request=request):
+            try:
+                vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread
+            except EncoderBusy as err:
+                raise TooManyRequests(str(err), retry_after_s=self._config.admission.retry_after_s) from None
+            num_tokens = await self._count_tokens(encoder, texts)
         data = [Embedding(i, _encoded(v, body.encoding_format)) for i, v in enumerate(vectors)]
         return json_response(EmbeddingList(data, body.model, EmbeddingUsage(num_tokens, num_tokens)))
 

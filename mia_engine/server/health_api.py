@@ -1,5 +1,5 @@
-"""``GET /health`` and ``GET /metrics``: what orchestrators and scrapers read, outside ``/v1`` and so
-without the API key.
+"""``GET /health`` and ``GET /metrics``: what orchestrators and scrapers read, outside ``/v1``, in the
+``public`` scope (``/metrics`` needs a key on a keyed non-loopback bind: ``security.py``).
 
 ``/health`` answers 503 until every component (the engines, and e.g. the memory store and the agent, which
 start behind the listening server) is ready, naming each one still starting with its public progress.
@@ -12,10 +12,11 @@ from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from .errors import Unavailable
 from .metrics import Metrics
+from .openapi import ApiRoute
 from .responses import json_response
 
 
@@ -30,8 +31,9 @@ def health_routes(components: Sequence[tuple[str, Readiness]], metrics: Metrics)
     the first one's code is the 503's ``code``."""
     handlers = HealthHandlers(components, metrics)
     return [
-        Route("/health", handlers.health, methods=["GET"]),
-        Route("/metrics", handlers.prometheus, methods=["GET"]),
+        ApiRoute("/health", handlers.health, method="GET", scope="public", summary="Ready (200) or not yet (503)"),
+        ApiRoute("/metrics", handlers.prometheus, method="GET", scope="public", summary="Prometheus metrics",
+                 media_type="text/plain"),
     ]
 
 

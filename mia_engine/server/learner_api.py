@@ -125,8 +125,8 @@ def learner_routes(learner: TestTimeLearner, client: Any, config: ServerConfig |
 
     return [
         ApiRoute("/v1/adapters/{role}/grpo", grpo, method="POST", summary="One GRPO update from scored completions",
-                 request_type=GRPORequest, response_type=UpdateReport, is_admin=True),
+                 scope="learn", request_type=GRPORequest, response_type=UpdateReport),
         ApiRoute("/v1/adapters/{role}/rollback", rollback, method="POST",
-                 summary="Serve the checkpoint before the latest good one", response_type=RollbackResponse,
-                 is_admin=True),
+                 summary="Serve the checkpoint before the latest good one", scope="admin",
+                 response_type=RollbackResponse),
     ]

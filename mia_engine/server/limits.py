@@ -1,4 +1,5 @@
-"""Size limits of a chat request, checked before any work starts; each refusal names its field."""
+"""Size limits of a request (chat, text completion, tokenize, embeddings), checked before any work starts:
+before a prompt is tokenised, a text encoded or an engine request made; each refusal names its field."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import msgspec
 
 from ..config import LimitsConfig
 from .errors import BadRequest
+from .chat_messages import message_chars
 from .completion_bodies import CompletionRequest
 from .grammar_cost import regex_cost, schema_cost, vocab_factor
 from .openai_bodies import ChatCompletionRequest
 from .template_kwargs import template_kwargs_of
 
 
-def _over(param: str, what: str, limit: int) -> BadRequest:
-    return BadRequest(f"{what} is more than this server allows ({limit}).", param=param, code="limit_exceeded")
+def _over(param: str, what: str, limit: int, setting: str = "") -> BadRequest:
+    """``setting``: the ``server.limits`` field an operator raises to accept it, named in the message."""
+    where = f", server.limits.{setting}" if setting else ""
+    return BadRequest(f"{what} is more than this server allows ({limit}{where}).", param=param,
+                      code="limit_exceeded")
 
 
 def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig, vocab_size: int = 0) -> None:
@@ -29,6 +34,10 @@ def check_chat_limits(request: ChatCompletionRequest, limits: LimitsConfig, voca
     if request.tools:  # under tool_choice required, every tool's schema is compiled together into one grammar
         check_schema("tools", [tool.function.parameters for tool in request.tools], limits, vocab_size)
     _check_ground_truth(request.ground_truth, limits)
+    if request.logprobs:  # without max_tokens, checked again once the context left is known (ChatService)
+        requested = request.max_completion_tokens or request.max_tokens or limits.max_tokens
+        check_logprob_entries(chat_logprobs_param(request), request.n * requested if requested else None,
+                              request.top_logprobs or 0, limits)
 
 
 def check_max_tokens(param: str, value: int | None, limits: LimitsConfig) -> None:
@@ -108,3 +117,48 @@ def check_prompt_chars(num_chars: int, max_model_len: int, param: str, limits: L
         raise BadRequest(f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
                          f"{num_chars} characters (more than {limits.max_chars_per_token} a token).", param=param,
                          code="context_length_exceeded")
+
+
+def chat_prompt_chars(request: ChatCompletionRequest) -> int:
+    """Characters of everything a chat request puts into its prompt: every message's text, name and tool
+    calls (``message_chars``), the tool definitions (as JSON) and the template variables."""
+    num_chars = sum(message_chars(m) for m in request.messages)
+    if request.tools:
+        num_chars += len(msgspec.json.encode(request.tools))
+    for name, value in (request.chat_template_kwargs or {}).items():
+        num_chars += len(name) + len(str(value))
+    return num_chars
+
+
+def check_token_ids(num_ids: int, max_model_len: int, param: str) -> None:
+    """Token ids to turn into text (``/detokenize``): at most what the model's context holds, a prompt and its
+    completion together."""
+    if num_ids > max_model_len:
+        raise BadRequest(f"{num_ids} token ids is more than this model's context holds ({max_model_len}).",
+                         param=param, code="limit_exceeded")
+
+
+def chat_logprobs_param(request: ChatCompletionRequest) -> str:
+    return "top_logprobs" if request.top_logprobs else "logprobs"
+
+
+def check_logprob_entries(param: str, num_tokens: int | None, num_top: int | None, limits: LimitsConfig) -> None:
+    """Log-probs of up to ``num_tokens`` sampled tokens (n x prompts x max_tokens), ``num_top`` candidates each
+    besides the sampled one, over ``limits.max_logprob_entries``; None: no log-probs asked for, or a budget
+    not known yet."""
+    if num_top is None or num_tokens is None:
+        return
+    entries = num_tokens * (num_top + 1)
+    if entries > limits.max_logprob_entries:
+        raise _over(param, f"Log-probs of {num_tokens} tokens (n x prompts x max_tokens) with {num_top + 1} entries "
+                    f"each ({entries})", limits.max_logprob_entries, "max_logprob_entries")
+
+
+def check_embedding_inputs(texts: list[str], limits: LimitsConfig) -> None:
+    """The texts of one embeddings request: how many, and their characters together."""
+    if len(texts) > limits.max_embedding_inputs:
+        raise _over("input", f"{len(texts)} texts", limits.max_embedding_inputs, "max_embedding_inputs")
+    num_chars = sum(len(text) for text in texts)
+    if num_chars > limits.max_embedding_chars:
+        raise _over("input", f"{num_chars} characters over all texts", limits.max_embedding_chars,
+                    "max_embedding_chars")

@@ -12,7 +12,8 @@ id), else the only engine, else the Planner's. Answers: 200 with vLLM's plain-te
 already served (unless ``load_inplace``, which publishes the folder as the id's next version), a base
 model's or a reserved id, an adapter the engine cannot serve, an unload of what the research agent uses;
 404 for an unload of an unknown name and a ``lora_path`` with no adapter (as vLLM); 403 for a folder
-outside the adapter folders; 503 until the engines are up.
+outside the adapter folders or one holding a symbolic link or a special file (the engine loads a private
+copy of the folder: ``engines/adapter_staging.py``); 503 until the engines are up.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from ..config import ServerConfig
+from ..engines.adapter_staging import AdapterFileRefused
 from ..engines.adapters import AdapterError, AdapterNotFound, AdapterVersion
 from ..engines.client import EngineUnavailable
 from ..engines.lora_models import LoRARefused, UnknownLoRA
 from .admission import Admission
 from .adapters_api import loadable_path
 from .body import decode_body, read_body
-from .errors import BadRequest, NotFound, Unavailable
+from .errors import BadRequest, Forbidden, NotFound, Unavailable
 from .ignored_fields import warn_ignored
 from .openapi import ApiRoute
 
@@ -112,18 +114,18 @@ def lora_routes(loras: LoRAModels, config: ServerConfig, admission: Admission,
 
     return [
         ApiRoute(LOAD_ROUTE, load, method="POST", summary="Serve a PEFT folder as a model id (vLLM's route)",
-                 request_type=LoadLoRAAdapterRequest, response_type=str, media_type="text/plain", is_admin=True),
+                 scope="admin", request_type=LoadLoRAAdapterRequest, response_type=str, media_type="text/plain"),
         ApiRoute(UNLOAD_ROUTE, unload, method="POST", summary="Stop serving a model id loaded as an adapter "
-                 "(vLLM's route)", request_type=UnloadLoRAAdapterRequest, response_type=str,
-                 media_type="text/plain", is_admin=True),
+                 "(vLLM's route)", scope="admin", request_type=UnloadLoRAAdapterRequest, response_type=str,
+                 media_type="text/plain"),
     ]
 
 
 @contextmanager
 def _refusals() -> Iterator[None]:
     """The engines' refusals as HTTP errors: ``LoRARefused`` 400, ``UnknownLoRA`` 404, a folder without an
-    adapter 404 and one the engine cannot serve 400 (both naming ``lora_path``), 503 while the engines are
-    not up."""
+    adapter 404, one holding a link or a special file 403 and one the engine cannot serve 400 (all naming
+    ``lora_path``), 503 while the engines are not up."""
     try:
         yield
     except LoRARefused as err:
@@ -132,6 +134,8 @@ def _refusals() -> Iterator[None]:
         raise NotFound(str(err), param="lora_name", code="model_not_found") from None
     except AdapterNotFound as err:
         raise NotFound(str(err), param="lora_path", code="adapter_not_found") from None
+    except AdapterFileRefused as err:
+        raise Forbidden(str(err), param="lora_path", code="adapter_file_not_allowed") from None
     except AdapterError as err:
         raise BadRequest(str(err), param="lora_path") from None
     except (OSError, ValueError) as err:  # a path the OS refuses (too long, bad bytes, ...)

@@ -2,13 +2,14 @@
 ``MemoryHandle``, asked for the service on each request: 503 until the store is open). The request and
 response bodies are in ``memory_bodies.py``.
 
-The stats need the API key; everything that returns stored questions (search, get, export) and every
-write, import and delete need the admin key: memories come only from the admin scope (adds, imports,
-``learn: true``), so any API key holder would otherwise read every learned question. The agent's own
-retrieval inside a request is not a route and is not affected. Every route takes a ``/v1/memory``
-admission slot. Each handler turns the store's own errors into OpenAI-style error bodies itself, so the
-routes are correct mounted alone (behind the ``SecurityMiddleware``); the main app's exception handler
-then only sees what they did not anticipate.
+The stats (counts only) are open to the ``agent`` scope, whose answers draw on the memory, and to
+``memory-read``; everything that returns stored questions (search, get, export) needs ``memory-read``, and
+every write, import and delete ``memory-write`` (``security.py``): memories come only from keys that may write
+them (adds, imports, ``learn: true``), so a chat or agent key cannot read every learned question. The agent's
+own retrieval inside a request is not a route and is not affected. Every route takes a ``/v1/memory``
+admission slot, which the export holds until its streamed body is sent. Each handler turns the store's own
+errors into OpenAI-style error bodies itself, so the routes are correct mounted alone (behind the
+``SecurityMiddleware``); the main app's exception handler then only sees what they did not anticipate.
 """
 
 from __future__ import annotations
@@ -51,19 +52,19 @@ def memory_routes(memory: MemoryService | MemoryHandle, config: ServerConfig | N
     api = _Guard(admission or Admission(config.admission), config.admission)
     return [
         ApiRoute("/v1/memory/add", api(handlers.add), method="POST", summary="Store a workflow memory",
-                 request_type=AddRequest, response_type=AddResult, is_admin=True),
+                 scope="memory-write", request_type=AddRequest, response_type=AddResult),
         ApiRoute("/v1/memory/search", api(handlers.search), method="POST", summary="Top memories of a question",
-                 request_type=SearchRequest, response_type=SearchResponse, is_admin=True),
+                 scope="memory-read", request_type=SearchRequest, response_type=SearchResponse),
         ApiRoute("/v1/memory/export", api(handlers.export), method="GET", summary="Every record, as JSON lines",
-                 media_type="application/x-ndjson", is_admin=True),
+                 scope="memory-read", audit=True, media_type="application/x-ndjson"),
         ApiRoute("/v1/memory/import", api(handlers.import_), method="POST",
-                 summary="Upsert exported records (JSON lines)", response_type=ImportResponse, is_admin=True),
+                 summary="Upsert exported records (JSON lines)", scope="memory-write", response_type=ImportResponse),
         ApiRoute("/v1/memory/stats", api(handlers.stats), method="GET", summary="Store summary",
-                 response_type=MemoryStats),
+                 scope=("memory-read", "agent"), response_type=MemoryStats),
         ApiRoute("/v1/memory/{memory_id}", api(handlers.get), method="GET", summary="One memory",
-                 response_type=MemoryView, is_admin=True),
+                 scope="memory-read", response_type=MemoryView),
         ApiRoute("/v1/memory/{memory_id}", api(handlers.delete), method="DELETE", summary="Delete a memory",
-                 response_type=DeleteResponse, is_admin=True),
+                 scope="memory-write", response_type=DeleteResponse),
     ]
 
 
@@ -159,8 +160,7 @@ class _Guard:
     def __call__(self, handler: Handler) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
-                async with self._admission.slot("route:memory", self._limit):
-                    return await handler(request)
+                return await self._admitted(handler, request)
             except APIError as err:
                 return err.to_response()
             except MemoryStoreError as err:
@@ -169,6 +169,22 @@ class _Guard:
                 return TooManyRequests(str(err), retry_after_s=self._retry_after_s).to_response()
 
         return endpoint
+
+    async def _admitted(self, handler: Handler, request: Request) -> Response:
+        """``handler`` in a ``route:memory`` slot; a streamed answer (the export) keeps it until it is sent."""
+        await self._admission.acquire(_KEY, self._limit)
+        try:
+            response = await handler(request)
+        except BaseException:
+            self._admission.release(_KEY)
+            raise
+        if isinstance(response, StreamingResponse):
+            return self._admission.held_by(_KEY, response)
+        self._admission.release(_KEY)
+        return response
+
+
+_KEY = "route:memory"
 
 
 def _store_error(err: MemoryStoreError) -> APIError:

@@ -33,9 +33,9 @@ def model_routes(client: EngineClient, *, has_agent: bool, encoder: EncoderSourc
                              planner=planner)
     return [
         ApiRoute("/v1/models", handlers.list_models, method="GET", summary="List the model ids served",
-                 response_type=ModelList),
+                 scope=("chat", "agent"), response_type=ModelList),
         ApiRoute("/v1/models/{model:path}", handlers.get_model, method="GET", summary="One model id",
-                 response_type=ModelObject),
+                 scope=("chat", "agent"), response_type=ModelObject),
     ]
 
 

@@ -1,8 +1,8 @@
 """``GET /openapi.json``: the API described from the msgspec structs the routes decode and encode.
 
-Each route that has a body or a typed answer is an ``ApiRoute``: the route carries its request and
-response types (and whether it needs the admin key), so the document is generated from the code that
-validates, never written by hand. Schemas come from ``msgspec.json.schema_components``.
+Every route is an ``ApiRoute``: the route carries its request and response types and the scope it needs
+(``security.py``; ``build_app`` refuses a route without one), so the document is generated from the code
+that validates, never written by hand. Schemas come from ``msgspec.json.schema_components``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from .errors import ErrorBody
-from .security import require_admin
+from .errors import APIError, ErrorBody
+from .security import AUDITED_SCOPES, ROUTE_SCOPES, RouteScope, audit, require_scope
 
 OPENAPI_VERSION = "3.1.0"
 _REF = "#/components/schemas/{name}"
@@ -24,35 +24,67 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class ApiRoute(Route):
-    """A route with its contract: request body type, response type, admin scope, one-line summary.
+    """A route with its contract: request body type, response type, the scope it needs, one-line summary.
 
-    ``is_admin`` routes refuse (403) a request that did not authenticate with the admin key."""
+    ``scope`` (required): ``public``, or the scope a key must open (several: any of them), else 403 before
+    the handler runs; a handler checks what depends on the body itself (``security.require_scope``).
+    ``audit``: log one ``mia_engine.audit`` line per request (default: for the ``admin``, ``learn`` and
+    ``memory-write`` scopes)."""
 
-    def __init__(self, path: str, endpoint: Handler, *, method: str, summary: str, request_type: Any = None,
-                 response_type: Any = None, media_type: str = "application/json", is_admin: bool = False) -> None:
+    def __init__(self, path: str, endpoint: Handler, *, method: str, summary: str, scope: RouteScope | tuple[
+                 RouteScope, ...], request_type: Any = None, response_type: Any = None,
+                 media_type: str = "application/json", audit: bool | None = None) -> None:
+        self.scopes: tuple[str, ...] = (scope,) if isinstance(scope, str) else tuple(scope)
+        unknown = [s for s in self.scopes if s not in ROUTE_SCOPES]
+        if not self.scopes or unknown:
+            raise ValueError(f"{method} {path}: scope {scope!r} is not one of {', '.join(ROUTE_SCOPES)}")
         self.request_type = request_type
         self.response_type = response_type
         self.media_type = media_type
-        self.is_admin = is_admin
         self.summary = summary
-        super().__init__(path, _admin_only(endpoint, summary) if is_admin else endpoint, methods=[method])
+        self.is_audited = not AUDITED_SCOPES.isdisjoint(self.scopes) if audit is None else audit
+        guarded = endpoint if self.scopes == ("public",) else _scoped(endpoint, self.scopes, f"{method} {path}")
+        super().__init__(path, _audited(guarded, summary) if self.is_audited else guarded, methods=[method])
 
     @property
     def method(self) -> str:
         return next(m for m in sorted(self.methods or ()) if m != "HEAD")
 
 
-def _admin_only(endpoint: Handler, summary: str) -> Handler:
+def _scoped(endpoint: Handler, scopes: tuple[str, ...], what: str) -> Handler:
     async def guarded(request: Request) -> Response:
-        require_admin(request, summary)
+        require_scope(request, scopes, what)
         return await endpoint(request)
 
     return guarded
 
 
+def _audited(endpoint: Handler, action: str) -> Handler:
+    async def audited(request: Request) -> Response:
+        try:
+            response = await endpoint(request)
+        except APIError as err:
+            audit(request, action, f"{err.status} {err.code or err.type}")
+            raise
+        except BaseException as err:
+            audit(request, action, f"failed ({type(err).__name__})")
+            raise
+        audit(request, action, response.status_code)
+        return response
+
+    return audited
+
+
+def unscoped(routes: Sequence[BaseRoute]) -> list[str]:
+    """The routes of ``routes`` that declare no scope (anything not an ``ApiRoute``), as ``METHOD path``."""
+    return [f"{','.join(sorted(getattr(r, 'methods', None) or ['?']))} {getattr(r, 'path', r)}"
+            for r in routes if not isinstance(r, ApiRoute)]
+
+
 def openapi_routes(routes: Sequence[BaseRoute]) -> list[BaseRoute]:
     """``GET /openapi.json``: the document of ``routes``, encoded once (the routes do not change)."""
-    return [Route("/openapi.json", OpenAPIHandler(routes).openapi, methods=["GET"])]
+    return [ApiRoute("/openapi.json", OpenAPIHandler(routes).openapi, method="GET", scope="public",
+                     summary="This document")]
 
 
 class OpenAPIHandler:
@@ -89,10 +121,9 @@ def _operation(route: ApiRoute, schema_of: dict[Any, dict]) -> dict:
         "summary": route.summary,
         "responses": {"200": ok, "4XX": {"description": "OpenAI-style error", **error},
                       "5XX": {"description": "Not ready (503)", **error}},
-        "security": [{"bearer": []}] if route.path.startswith("/v1") else [],
+        "security": [] if route.scopes == ("public",) else [{"bearer": []}],
+        "x-mia-scopes": list(route.scopes),
     }
-    if route.is_admin:
-        operation["x-admin-scope"] = True
     params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
               for name in route.param_convertors]
     if params:

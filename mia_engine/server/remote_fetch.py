@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from ..base.log_text import printable
+
 log = logging.getLogger(__name__)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -89,7 +91,7 @@ async def fetch_public(url: str, max_bytes: int, timeout_s: float, allowed: Sequ
         async with asyncio.timeout(timeout_s):
             return await _fetch(httpx.URL(url), max_bytes, timeout_s, allowed, verify)
     except FetchFailed as err:
-        log.info("image fetch refused: %s", err)
+        log.info("image fetch refused: %s", printable(str(err)))  # it names the request URL's host
     except TimeoutError:
         log.info("image fetch passed its %s s deadline", timeout_s)
     except Exception as err:  # noqa: BLE001 - httpx, DNS, sockets and URL parsing raise many types; all read the same

@@ -3,13 +3,16 @@
 ``/tokenize`` takes a ``prompt`` (tokenized as ``/v1/completions`` would, special tokens added by default) or
 ``messages`` (rendered by the model's chat template, as ``/v1/chat/completions`` would, generation prompt
 included); ``/detokenize`` turns token ids back into text. Both use the role's own engine tokenizer, off the
-event loop. The research agent ``mia`` runs several roles and has no tokenizer of its own: a 400 names
-``model``.
+event loop, whose threads chat requests share: a prompt is bounded as a chat prompt is (characters, before it
+is tokenised), token ids by the model's context, and a request holds a slot of key ``tokenize:<model>``
+(``server.admission.max_concurrent_per_model``) while it uses the tokenizer. The research agent ``mia`` runs
+several roles and has no tokenizer of its own: a 400 names ``model``.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from contextlib import AbstractAsyncContextManager
 from typing import Annotated
 
 import msgspec
@@ -21,9 +24,11 @@ from starlette.routing import BaseRoute
 from .. import __version__
 from ..config import AGENT_MODEL, ServerConfig
 from ..engines.client import EngineClient, RoleClient
+from .admission import Admission
 from .body import read_json
-from .chat_messages import flatten_message
+from .chat_messages import flatten_message, message_chars
 from .errors import BadRequest, NotFound, Unavailable
+from .limits import check_prompt_chars, check_token_ids
 from .openai_bodies import MAX_INT, ChatMessage
 from .openapi import ApiRoute
 from .responses import json_response
@@ -63,11 +68,11 @@ def tokenize_routes(client: EngineClient, config: ServerConfig) -> list[BaseRout
     handlers = TokenizeHandlers(client, config)
     return [
         ApiRoute("/tokenize", handlers.tokenize, method="POST", summary="Token ids of a prompt or of chat messages",
-                 request_type=TokenizeRequest, response_type=TokenizeResponse),
-        ApiRoute("/detokenize", handlers.detokenize, method="POST", summary="The text of token ids",
+                 scope="chat", request_type=TokenizeRequest, response_type=TokenizeResponse),
+        ApiRoute("/detokenize", handlers.detokenize, method="POST", summary="The text of token ids", scope="chat",
                  request_type=DetokenizeRequest, response_type=DetokenizeResponse),
         ApiRoute("/version", handlers.version, method="GET", summary="The engine's and vLLM's versions",
-                 response_type=VersionResponse),
+                 scope="public", response_type=VersionResponse),
     ]
 
 
@@ -94,24 +99,30 @@ class TokenizeHandlers:
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("Give either prompt or messages.", param="prompt")
         if body.prompt is not None:
-            ids = await role.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
+            check_prompt_chars(len(body.prompt), role.max_model_len(), "prompt", self._config.limits)
         else:
-            messages = [flatten_message(i, m) for i, m in enumerate(body.messages or [])]
-            try:
-                ids = await role.render_chat(messages)
-            except Exception as err:  # chat templates raise on sequences they don't accept
-                raise BadRequest(f"The messages do not fit this model's chat template: {err}",
-                                 param="messages") from None
+            check_prompt_chars(sum(message_chars(m) for m in body.messages or []), role.max_model_len(), "messages",
+                               self._config.limits)
+        async with self._slot(request, body.model):
+            ids = await _tokenized(body, role)
         return json_response(TokenizeResponse(len(ids), role.max_model_len(), ids))
 
     async def detokenize(self, request: Request) -> Response:
         body: DetokenizeRequest = await read_json(request, self._config.max_body_bytes, self._detokenize_decoder)
         role = self._check_model(body.model)
-        try:
-            text = await role.detokenize(body.tokens)
-        except ValueError as err:
-            raise BadRequest(f"{err}.", param="tokens") from None
+        check_token_ids(len(body.tokens), role.max_model_len(), "tokens")
+        async with self._slot(request, body.model):
+            try:
+                text = await role.detokenize(body.tokens)
+            except ValueError as err:
+                raise BadRequest(f"{err}.", param="tokens") from None
         return json_response(DetokenizeResponse(text))
+
+    def _slot(self, request: Request, model: str) -> AbstractAsyncContextManager[None]:
+        """A slot of ``tokenize:<model>``: the model's tokenizer threads, which its chat requests share."""
+        admission: Admission = request.app.state.admission
+        return admission.slot(f"tokenize:{model}", self._config.admission.max_concurrent_per_model, param="model",
+                              request=request)
 
     async def version(self, request: Request) -> Response:
         return json_response(self._version)
@@ -126,3 +137,14 @@ class TokenizeHandlers:
         if role is None:
             raise Unavailable(self._client.not_ready_reason(), code="engine_not_ready")
         return role
+
+
+async def _tokenized(body: TokenizeRequest, role: RoleClient) -> list[int]:
+    """The token ids of the request's prompt, or of its messages rendered by the chat template."""
+    if body.prompt is not None:
+        return await role.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
+    messages = [flatten_message(i, m) for i, m in enumerate(body.messages or [])]
+    try:
+        return await role.render_chat(messages)
+    except Exception as err:  # chat templates raise on sequences they don't accept
+        raise BadRequest(f"The messages do not fit this model's chat template: {err}", param="messages") from None

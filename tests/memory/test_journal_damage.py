@@ -1,26 +1,29 @@
 """Damage in the middle of the journal: replay resynchronises and keeps every valid record after it, the
-damaged bytes are copied aside (never deleted), and the store compacts so the next start is clean. Also:
-lowering ``max_record_bytes`` keeps older records, and a failing snapshot never fails a durable write."""
+damaged bytes are copied aside (never deleted), and the store compacts so the next start is clean; text in a
+record is never read as a frame. Also: lowering ``max_record_bytes`` keeps older records, and a failing
+snapshot never fails a durable write."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import struct
+import zlib
 from pathlib import Path
 
 import msgspec
 import numpy as np
 import pytest
 
-from mia_engine.memory import journal as journal_module
+from mia_engine.memory import snapshot as snapshot_module
 from mia_engine.config.memory import DurabilityConfig, MemoryConfig, TextLimits
-from mia_engine.memory.journal import CORRUPT_SUFFIX, JOURNAL_NAME, SNAPSHOT_NAME, Change
+from mia_engine.memory.framing import CORRUPT_SUFFIX, HEADER_SIZE
+from mia_engine.memory.journal import JOURNAL_HEADER, JOURNAL_NAME
 from mia_engine.memory.validation import TextTooLong
 
-from .factories import FakeClock, make_entry, memory_config, open_store, state_of, unit
+from .factories import FakeClock, make_entry, memory_config, open_store, unit
 
-JOURNAL_LOGGER = "mia_engine.memory.journal"
-_HEADER = struct.Struct("<II")
+JOURNAL_LOGGER = "mia_engine.memory.recovery"
 
 
 def _fill(path: Path, num_entries: int, config: MemoryConfig | None = None, **fields: object) -> list[str]:
@@ -32,11 +35,12 @@ def _fill(path: Path, num_entries: int, config: MemoryConfig | None = None, **fi
 
 
 def _frame_offsets(data: bytes) -> list[int]:
-    offsets, offset = [], 0
-    while offset < len(data):
+    """Where each frame of a journal segment starts (its 0xFF, the only one: framing.py), then its length."""
+    offsets, offset = [], data.find(b"\xff")
+    while offset >= 0:
         offsets.append(offset)
-        offset += _HEADER.size + _HEADER.unpack_from(data, offset)[0]
-    return offsets
+        offset = data.find(b"\xff", offset + 1)
+    return offsets + [len(data)]
 
 
 def _side_files(path: Path) -> list[Path]:
@@ -58,7 +62,8 @@ def test_one_flipped_byte_loses_only_its_record(tmp_path: Path, caplog: pytest.L
     third = len(data) // 3
     damaged = max(i for i, offset in enumerate(offsets) if offset <= third)
     start, end = offsets[damaged], offsets[damaged + 1]
-    flip = {"third": third, "length": start + 1, "crc": start + 5, "payload_end": end - 1}[where]
+    flip = {"third": third, "length": start + 1, "crc": start + HEADER_SIZE - 2, "payload_end": end - 1}[where]
+    assert data[flip] != 0xFF  # a frame's own 0xFF: see the next test
     data[flip] ^= 0x40
     path.write_bytes(bytes(data))
 
@@ -74,7 +79,7 @@ def test_one_flipped_byte_loses_only_its_record(tmp_path: Path, caplog: pytest.L
     assert side.stat().st_mode & 0o777 == 0o600
     [message] = _warnings(caplog)
     assert f"{end - start} bytes at offset {start}" in message and side.name in message
-    assert (tmp_path / SNAPSHOT_NAME).exists()  # compacted: the damage is out of the journal
+    assert snapshot_module.generations(tmp_path)  # compacted: the damage is out of the active journal
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=JOURNAL_LOGGER):
@@ -121,10 +126,65 @@ def test_a_valid_but_older_frame_after_damage_is_not_resynchronised_onto(tmp_pat
     assert side.stat().st_size == offsets[4] - offsets[3] + len(old_frame)
 
 
-def test_resync_checks_only_plausible_frame_starts() -> None:
-    """The scan's prefilter relies on how msgspec lays out a Change: a fixmap whose first key is "seq"."""
-    payload = msgspec.msgpack.encode(Change(7, delete_entries=["x"], cleared_at=1.0))
-    assert payload[0] & 0xF0 == 0x80 and payload[1:5] == msgspec.msgpack.encode("seq")
+def test_a_damaged_frame_start_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A frame whose 0xFF was hit is found where the frame before it ends (its length says where)."""
+    ids = _fill(tmp_path, 10)
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    data[_frame_offsets(bytes(data))[4]] ^= 0x40
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger=JOURNAL_LOGGER):
+        store = open_store(tmp_path)
+    assert all(entry_id in store for entry_id in ids) and _warnings(caplog) == [] and _side_files(tmp_path) == []
+    store.close()
+
+
+def test_a_record_holding_the_bytes_of_a_frame_is_never_read_as_one(tmp_path: Path) -> None:
+    """Text is stored as raw UTF-8, and a client can send any character (JSON "\\u0000" included): a frame of
+    the previous format (no 0xFF in it), crafted to be valid UTF-8, with a seq far above the store's, sat in
+    a stored trajectory; once the record holding it was damaged, the resync scan took it, and dropped every
+    later record as older. Frames now start with 0xFF, which UTF-8 never holds."""
+    rng = np.random.default_rng(8)
+    fake, fake_seq = _utf8_frame_of_the_previous_format()
+    store = open_store(tmp_path)
+    before = store.add(make_entry(unit(rng), question="before")).id
+    holder = store.add(make_entry(unit(rng), question="holder", trajectory=f"see {fake} here")).id
+    after = [store.add(make_entry(unit(rng), question=f"after {i}")).id for i in range(3)]
+    store.close()
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    assert fake.encode() in data
+    data[_frame_offsets_any(bytes(data))[1] + 1] ^= 0x04  # the holder's length field
+    path.write_bytes(bytes(data))
+    reopened = open_store(tmp_path)
+    assert holder not in reopened and before in reopened and all(entry_id in reopened for entry_id in after)
+    assert reopened.stats().journal_seq == 5 != fake_seq
+    reopened.close()
+
+
+def _utf8_frame_of_the_previous_format() -> tuple[str, int]:
+    """A frame ``<u32 length><u32 crc32(length ‖ payload)><Change(seq)>`` whose bytes are valid UTF-8."""
+    legacy = struct.Struct("<II")
+    for seq in range(0x80000000, 0x80000000 + 1_000_000, 257):
+        payload = msgspec.msgpack.encode({"seq": seq})
+        length = struct.pack("<I", len(payload))
+        frame = legacy.pack(len(payload), zlib.crc32(payload, zlib.crc32(length))) + payload
+        try:
+            return frame.decode("utf-8"), seq
+        except UnicodeDecodeError:
+            continue
+    raise AssertionError("no UTF-8 frame found")
+
+
+def _frame_offsets_any(data: bytes) -> list[int]:
+    """Frame starts of a journal of either format (this test also runs against the previous one)."""
+    if data.startswith(JOURNAL_HEADER):
+        return _frame_offsets(data)
+    legacy, offsets, offset = struct.Struct("<II"), [], 0
+    while offset < len(data):
+        offsets.append(offset)
+        offset += legacy.size + legacy.unpack_from(data, offset)[0]
+    return offsets
 
 
 def test_lowering_max_record_bytes_keeps_older_larger_records(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -143,33 +203,38 @@ def test_lowering_max_record_bytes_keeps_older_larger_records(tmp_path: Path, ca
 
 
 def test_a_failing_snapshot_never_fails_a_durable_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fault injection: the snapshot writer raises what a u32 length overflow raises. Every add still
-    succeeds, the snapshot is retried after ``snapshot_retry_s`` (not on every write), and a later
-    success compacts."""
+    """Fault injection: the background snapshot write raises (a full disk). Every add still succeeds, the
+    snapshot is retried after ``snapshot_retry_s`` (not on every write), and a later success compacts."""
     attempts: list[int] = []
-    real_write = journal_module.Journal.write_snapshot
+    real_write = snapshot_module.write_generation
 
-    def failing_write(self: journal_module.Journal, snapshot: journal_module.Snapshot) -> None:
+    def failing_write(data_dir: Path, snapshot: snapshot_module.Snapshot) -> Path:
         attempts.append(snapshot.seq)
-        raise struct.error("'I' format requires 0 <= number <= 4294967295")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(journal_module.Journal, "write_snapshot", failing_write)
+    monkeypatch.setattr(snapshot_module, "write_generation", failing_write)
     config = MemoryConfig(durability=DurabilityConfig(snapshot_interval=2, snapshot_retry_s=100.0))
     clock = FakeClock()
     store = open_store(tmp_path, config, clock=clock)
     rng = np.random.default_rng(4)
-    ids = [store.add(make_entry(unit(rng), question=f"q{i}")).id for i in range(10)]
+
+    def add(question: str) -> str:  # and wait for the snapshot it may have started: a deterministic schedule
+        entry_id = store.add(make_entry(unit(rng), question=question)).id
+        store.wait_for_snapshot()
+        return entry_id
+
+    ids = [add(f"q{i}") for i in range(10)]
     assert attempts == [2]  # tried once, then waits: the clock has moved ~20 s of its 100
     clock.now += 100
-    ids.append(store.add(make_entry(unit(rng), question="retry")).id)
+    ids.append(add("retry"))
     assert attempts == [2, 11]  # retried once the wait is over, failed again: the next wait doubles
     clock.now += 150
-    ids.append(store.add(make_entry(unit(rng), question="still waiting")).id)
+    ids.append(add("still waiting"))
     assert attempts == [2, 11]
-    monkeypatch.setattr(journal_module.Journal, "write_snapshot", real_write)
+    monkeypatch.setattr(snapshot_module, "write_generation", real_write)
     clock.now += 100
-    ids.append(store.add(make_entry(unit(rng), question="succeeds")).id)
-    assert store.stats().num_records_since_snapshot == 0 and (tmp_path / SNAPSHOT_NAME).exists()
+    ids.append(add("succeeds"))
+    assert store.stats().num_records_since_snapshot == 0 and snapshot_module.generations(tmp_path)
     store.close()
     reopened = open_store(tmp_path, config)
     assert all(entry_id in reopened for entry_id in ids) and len(reopened) == 13
@@ -191,51 +256,3 @@ def test_text_fields_over_their_cap_are_refused_naming_the_field(tmp_path: Path)
     reopened = open_store(tmp_path, lowered)  # limits apply to writes, never to what is stored
     assert len(reopened) == 1
     reopened.close()
-
-
-def test_a_snapshot_larger_than_one_frame_can_say_is_written_in_parts(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A frame's length is a u32: one frame holding the whole store failed past 4 GiB (and kept the whole
-    encoded store in memory twice). Scaled down: frames capped at 16 KiB, a store of over 6x that, 8 records a
-    part."""
-    monkeypatch.setattr(journal_module, "MAX_FRAME_BYTES", 16 << 10)
-    monkeypatch.setattr(journal_module, "SNAPSHOT_PART_RECORDS", 8)
-    config = MemoryConfig(durability=DurabilityConfig(snapshot_interval=10_000))
-    store = open_store(tmp_path, config)
-    rng = np.random.default_rng(5)
-    for i in range(60):
-        store.add(make_entry(unit(rng), question=f"q{i} " + "x" * 1500))
-    before = state_of(store)
-    store.compact()
-    store.close()
-    data = (tmp_path / SNAPSHOT_NAME).read_bytes()
-    assert len(data) > 6 * (16 << 10) and len(_frame_offsets(data)) == 1 + 8  # the head, then 8 parts
-    reopened = open_store(tmp_path, config)
-    assert state_of(reopened) == before
-    reopened.close()
-
-
-def test_a_snapshot_of_the_first_format_still_opens_and_a_missing_part_refuses_to_start(tmp_path: Path,
-                                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(journal_module, "SNAPSHOT_PART_RECORDS", 4)
-    store = open_store(tmp_path)
-    rng = np.random.default_rng(6)
-    for i in range(10):
-        store.add(make_entry(unit(rng), question=f"q{i}"))
-    store.compact()
-    before = state_of(store)
-    store.close()
-    path = tmp_path / SNAPSHOT_NAME
-    snapshot = journal_module._read_snapshot(path)
-    assert snapshot is not None
-    path.write_bytes(journal_module._frame(msgspec.msgpack.encode(msgspec.structs.replace(snapshot, format=1))))
-    reopened = open_store(tmp_path)
-    assert state_of(reopened) == before
-    reopened.compact()  # rewritten in the current format
-    reopened.close()
-    data = path.read_bytes()
-    offsets = _frame_offsets(data)
-    assert len(offsets) == 1 + 3
-    path.write_bytes(data[: offsets[2]] + data[offsets[3]:])  # a part dropped (not a torn write: renames are atomic)
-    with pytest.raises(journal_module.CorruptSnapshot, match="holds 6 memories and 0 Meta Plan pairs; its head says 10"):
-        open_store(tmp_path)

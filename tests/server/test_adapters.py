@@ -1,11 +1,18 @@
 """Adapters under live traffic: publishing a new version (no failure, no restart, new weights served), an
 extra adapter served by name (``--roles.NAME.engine/adapter``, what ``--lora-modules`` makes), and vLLM's
-``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` adding and removing a model id while serving."""
+``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` adding and removing a model id while serving. The
+folders are trusted no further than checked: ``server.adapter_dirs`` must be the user's (or root's) alone, a
+folder holding a link is refused, and the engine loads a private copy of what was checked."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +31,7 @@ FLAGGED = {"lm-lora": 78, "json-lora": 79}
 """Extra adapters given with ``--lora-modules`` (``name=path`` and the JSON form), by the seed of their weights."""
 LOADED = "runtime-lora"
 """The adapter the tests load and unload by name while the server runs."""
+WEIGHTS = "adapter_model.safetensors"
 
 
 def _extra_adapter(folder: Path, seed: int) -> Path:
@@ -149,6 +157,71 @@ def test_publish_loads_only_from_the_configured_adapter_folders(own_server, own_
     assert _first_token_logprobs(own_openai_client) == before
 
 
+def test_a_folder_holding_a_link_is_refused_naming_the_file(own_server, own_openai_client, tmp_path: Path) -> None:
+    """An adapter folder under the data dir whose weights are a link to a file elsewhere (another user's, say)
+    is refused by both routes (403 ``adapter_file_not_allowed`` naming the file): nothing is loaded."""
+    before = _first_token_logprobs(own_openai_client)
+    version = next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])["version"]
+    folder = _new_adapter(own_server, seed=16)
+    planted = _new_adapter(own_server, seed=17, folder=tmp_path)
+    (folder / WEIGHTS).unlink()
+    (folder / WEIGHTS).symlink_to(planted / WEIGHTS)
+    message = _assert_error(_publish(own_server, "planner", folder), 403, "path", "adapter_file_not_allowed")
+    assert f"{WEIGHTS} is a symbolic link" in message, message
+    response = _lora_request(own_server, "load", {"lora_name": "linked-lora", "lora_path": str(folder)})
+    assert f"{WEIGHTS} is a symbolic link" in _assert_error(response, 403, "lora_path", "adapter_file_not_allowed")
+    assert next(a for a in _adapters(own_server) if a["role"] == "planner" and a["is_live"])["version"] == version
+    assert "linked-lora" not in _models(own_server, own_server.admin_key)
+    assert _first_token_logprobs(own_openai_client) == before
+
+
+def test_the_engine_loads_a_private_copy_of_what_was_checked(own_server, own_openai_client) -> None:
+    """The folder handed to the engine is a copy in the data dir's staging folder with the bytes the check
+    read; swapping the named folder's weights afterwards changes neither the copy nor the answers; the copy
+    goes once its version is replaced and drained. Listings show the folder the request named."""
+    folder = _new_adapter(own_server, seed=18)
+    checked = (folder / WEIGHTS).read_bytes()
+    response = _publish(own_server, "planner", folder)
+    assert response.status_code == 200, response.text
+    published = response.json()
+    assert published["path"] == str(folder.resolve())
+    live = re.search(rf"adapter planner@v{published['version']} is live \(lora id {published['lora_id']}, "
+                     r".*, loaded from its copy (/\S+)\)$", own_server.log_tail(400), re.MULTILINE)
+    assert live, own_server.log_tail(40)
+    staged = Path(live[1])
+    assert staged.parent.parent == (own_server.data_dir / "adapter-staging").resolve()
+    assert (staged / WEIGHTS).read_bytes() == checked
+    served = _first_token_logprobs(own_openai_client)
+    (folder / WEIGHTS).write_bytes((_new_adapter(own_server, seed=19) / WEIGHTS).read_bytes())  # the swap
+    assert (staged / WEIGHTS).read_bytes() == checked
+    assert _first_token_logprobs(own_openai_client) == served
+    assert _publish(own_server, "planner", _new_adapter(own_server, seed=20)).status_code == 200
+    for _ in range(50):
+        if not staged.exists():
+            break
+        time.sleep(0.1)
+    assert not staged.exists(), "the replaced version's copy was not removed"
+
+
+@pytest.mark.parametrize("owner, mode", [(os.geteuid(), 0o777), (os.geteuid(), 0o775), (54321, 0o755)])
+def test_serve_refuses_adapter_dirs_another_user_controls(tmp_path: Path, owner: int, mode: int) -> None:
+    """``server.adapter_dirs`` must be this user's or root's, writable by no one else: else ``serve`` stops at
+    once with one line naming the field (no server starts)."""
+    if owner != os.geteuid() and os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    folder.chmod(mode)
+    os.chown(folder, owner, -1)
+    result = subprocess.run([sys.executable, "-m", "mia_engine", "serve", "--config", "tiny", "--data-dir",
+                             str(tmp_path / "data"), f"--server.adapter_dirs=[{json.dumps(str(folder))}]"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "MIA_HOME": str(tmp_path)})
+    says = ("is open to other users" if owner == os.geteuid() else f"belongs to another user (uid {owner})")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"python -m mia_engine: error: server.adapter_dirs: {folder} {says}")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "data").exists(), result.stderr
+
+
 # ---- adapters by name: served from the config, loaded and unloaded while serving ------------------------------
 
 
@@ -272,7 +345,7 @@ def test_load_and_unload_refusals(own_server, own_openai_client, tmp_path: Path)
     path = _new_adapter(own_server, seed=13)
     body = {"lora_name": "refused-lora", "lora_path": str(path)}
     assert _lora_request(own_server, "load", body, key="wrong-key").status_code == 401
-    _assert_error(_lora_request(own_server, "load", body, key=own_server.api_key), 403, None, "admin_key_required")
+    _assert_error(_lora_request(own_server, "load", body, key=own_server.api_key), 403, None, "insufficient_scope")
     outside = _new_adapter(own_server, seed=14, folder=tmp_path)
     _assert_error(_lora_request(own_server, "load", {**body, "lora_path": str(outside)}), 403, "lora_path",
                   "adapter_path_not_allowed")

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.conftest import ServerHandle
+from tests.conftest import ServerHandle, scrape_metrics
 
 PROMPT = "The longest river in the world is"
 CHAT = [{"role": "user", "content": "Which river is the longest in the world?"}]
@@ -85,12 +85,36 @@ def test_completion_logprobs_and_echo(openai_client: OpenAI) -> None:
     ({"prompt": [PROMPT, 5]}, "prompt"),
     ({"prompt": ["x"] * 129}, "prompt"),  # server.limits.max_completion_choices: each is an engine request
     ({"prompt": ["x"] * 9, "n": 16}, "prompt"),  # 144 choices
+    ({"prompt": [[1, 2]] * 129}, "prompt"),  # token-id prompts are choices too
+    ({"prompt": [[1, 2]] * 9, "n": 16}, "prompt"),
     ({"logit_bias": {"river": 5}}, "logit_bias"),
 ])
 def test_completion_refusals_name_the_field(tiny_server: ServerHandle, body: dict, param: str) -> None:
     response = _post(tiny_server, "/v1/completions", {"model": "manager", "prompt": PROMPT, "max_tokens": 4, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def _admitted(server: ServerHandle, key: str) -> float:
+    return next((s.value for s in scrape_metrics(server)
+                 if s.name == "mia_admission_wait_seconds_count" and s.labels.get("key") == key), 0.0)
+
+
+@pytest.mark.parametrize("prompt, param", [
+    (["x", "y" * (4096 * 16 + 1)], "prompt[1]"),  # the second text is past the characters a context may hold
+    ([1] * 4096, "prompt"),  # token ids that fill the context leave no room to generate
+    ([[1, 2], [1] * 5000], "prompt[1]"),
+    (["x"] * 64 + [[1] * 4095], "prompt"),  # a list of texts and ids is none of the four shapes
+])
+def test_every_prompt_is_sized_before_the_slot_and_before_any_is_tokenised(tiny_server: ServerHandle,
+                                                                          prompt: list, param: str) -> None:
+    """A list whose last prompt is too long is refused before the request queues for its model's slot, so
+    before the prompts ahead of it are tokenised."""
+    before = _admitted(tiny_server, "model:manager")
+    response = _post(tiny_server, "/v1/completions", {"model": "manager", "prompt": prompt, "max_tokens": 4})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.text
+    assert _admitted(tiny_server, "model:manager") == before
 
 
 def _biased_token(tiny_server: ServerHandle, greedy: str) -> tuple[int, str]:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from mia_engine.config import load_config
+from mia_engine.config import LimitsConfig, load_config
 from mia_engine.memory.embedder import Embedder
-from tests.conftest import ServerHandle
+from tests.conftest import ServerHandle, scrape_metrics
 
 TEXTS = ["The Nile flows north into the Mediterranean.", "Photosynthesis turns light into sugar."]
 
@@ -64,3 +64,34 @@ def test_more_inputs_than_the_cap_are_refused_before_any_encoding(tiny_server: S
     assert "server.limits.max_embedding_inputs" in refused.json()["error"]["message"]
     assert refused.json()["error"]["code"] == "limit_exceeded"
     assert _post(tiny_server, {"model": "embedding", "input": ["x"] * 2048}).status_code == 200
+
+
+def test_more_characters_than_the_cap_are_refused_before_any_encoding(tiny_server: ServerHandle) -> None:
+    """server.limits.max_embedding_chars (1.2 million, OpenAI's 300,000 tokens a request): under the count cap,
+    a few huge texts would hold the encoder's tokenizer for seconds (it reads each text whole)."""
+    cap = LimitsConfig().max_embedding_chars
+    texts = ["word " * (cap // 15)] * 3  # 3 x cap / 3 characters, and a few more
+    refused = _post(tiny_server, {"model": "embedding", "input": texts + ["x" * 16]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input", refused.text
+    assert "server.limits.max_embedding_chars" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["code"] == "limit_exceeded"
+
+
+@pytest.mark.parametrize("inputs", [[1, 2, 3], [[1, 2], [3]], []])
+def test_token_ids_and_empty_inputs_are_refused(tiny_server: ServerHandle, inputs: list) -> None:
+    """OpenAI also takes token ids; the memory's encoder reads text only, so they are a 400 (never a 500)."""
+    response = _post(tiny_server, {"model": "embedding", "input": inputs})
+    assert response.status_code == 400 and response.json()["error"]["param"].startswith("input"), response.text
+
+
+def test_a_request_holds_a_slot_of_the_encoder(tiny_server: ServerHandle) -> None:
+    """Concurrent requests wait in the admission queue of model ``embedding`` (``max_concurrent_per_model``)
+    rather than piling up in the encoder's, which the memory's retrieval shares."""
+
+    def admitted() -> float:
+        return next((s.value for s in scrape_metrics(tiny_server) if s.name == "mia_admission_wait_seconds_count"
+                     and s.labels.get("key") == "model:embedding"), 0.0)
+
+    before = admitted()
+    assert _post(tiny_server, {"model": "embedding", "input": TEXTS}).status_code == 200
+    assert admitted() == before + 1

@@ -46,7 +46,7 @@ def test_stored_questions_are_read_with_the_admin_key_only(tiny_server: ServerHa
                httpx.get(f"{url}/memory/{memory_id}", headers=user)]
     for response in refused:
         assert response.status_code == 403, (response.request.url, response.text)
-        assert response.json()["error"]["code"] == "admin_key_required" and question not in response.text
+        assert response.json()["error"]["code"] == "insufficient_scope" and question not in response.text
     assert httpx.get(f"{url}/memory/stats", headers=user).status_code == 200  # counts only
     found = httpx.post(f"{url}/memory/search", json={"question": question}, headers=admin, timeout=60)
     assert found.status_code == 200 and question in found.text

@@ -51,7 +51,7 @@ def test_the_document_is_generated_from_the_structs() -> None:
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ChatCompletionRequest"}
-    assert document["paths"]["/v1/adapters/{role}/grpo"]["post"]["x-admin-scope"] is True
+    assert document["paths"]["/v1/adapters/{role}/grpo"]["post"]["x-mia-scopes"] == ["learn"]
 
 
 def test_a_chat_template_error_on_the_grpo_route_is_400() -> None:

@@ -81,7 +81,7 @@ def test_admin_scope_is_separate_from_the_api_key(tiny_server) -> None:
     ]
     for response in refused:
         assert response.status_code == 403, (response.request.url, response.text)
-        assert response.json()["error"]["code"] == "admin_key_required"
+        assert response.json()["error"]["code"] == "insufficient_scope"
     assert httpx.post(f"{url}/memory/add", json=ADD, headers=_headers("wrong")).status_code == 401
     assert _stats(tiny_server) == before
     # stats stay open to the API key; stored questions (search, get) are the admin scope's, which opens everything
@@ -210,7 +210,7 @@ def test_without_an_admin_key_no_request_is_in_the_admin_scope() -> None:
     client = TestClient(build_app(AppParts(_Engine(), config, learner=_Learner())))  # type: ignore[arg-type]
     for headers in ({}, _headers("any-key-at-all-0123")):
         response = client.post("/v1/adapters/planner/grpo", json={"groups": [GROUP]}, headers=headers)
-        assert response.status_code == 403 and response.json()["error"]["code"] == "admin_key_required"
+        assert response.status_code == 403 and response.json()["error"]["code"] == "insufficient_scope"
     assert client.get("/v1/models").status_code == 200  # no API key set: the rest stays open on loopback
 
 
@@ -258,7 +258,7 @@ def test_with_no_keys_the_admin_routes_need_the_generated_admin_key(keyless_serv
     for headers in ({}, _headers("not-the-admin-key-0123")):
         for response in _admin_requests(url, headers):
             assert response.status_code == 403, (response.request.url, response.text)
-            assert response.json()["error"]["code"] == "admin_key_required"
+            assert response.json()["error"]["code"] == "insufficient_scope"
     chat = httpx.post(f"{url}/chat/completions", json={"model": "planner", "messages": PROMPT, "max_tokens": 2},
                       timeout=120)
     assert chat.status_code == 200, chat.text

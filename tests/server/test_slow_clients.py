@@ -158,15 +158,24 @@ def test_client_keys_are_per_address_and_per_ipv6_64_and_reported_as_one() -> No
     assert client_key({"client": None}) is None
 
 
-def test_loopback_clients_are_bound_only_when_asked() -> None:
-    def keys(host: str, **fields) -> list[str]:
-        middleware = AdmissionMiddleware(None, Admission(AdmissionConfig(**fields)), limit=8)  # type: ignore[arg-type]
-        return [key for key, _ in middleware._keys({"client": (host, 5000)})]
+def test_loopback_clients_are_bound_unless_asked_not_to_and_a_keys_file_key_by_its_key() -> None:
+    from mia_engine.base.key_table import KeyEntry
 
-    assert keys("127.0.0.2") == keys("::ffff:127.0.0.1") == keys("::1") == ["server:bodies"]
-    assert keys("127.0.0.2", bound_loopback_clients=True) == ["client:127.0.0.2", "server:bodies"]
-    assert keys("10.0.0.1") == ["client:10.0.0.1", "server:bodies"]
-    assert keys("10.0.0.1", max_concurrent_per_client=0) == ["server:bodies"]
+    def keys(host: str, entry: KeyEntry | None = None, **fields) -> list[tuple[str, int]]:
+        middleware = AdmissionMiddleware(None, Admission(AdmissionConfig(**fields)), limit=8)  # type: ignore[arg-type]
+        return middleware._keys({"client": (host, 5000), **({"mia.key_entry": entry} if entry else {})})
+
+    assert keys("127.0.0.2") == [("client:127.0.0.2", 64), ("server:bodies", 8)]
+    assert keys("::ffff:127.0.0.1")[0] == ("client:127.0.0.1", 64)
+    assert keys("127.0.0.2", bound_loopback_clients=False) == keys("::1", bound_loopback_clients=False) \
+        == [("server:bodies", 8)]
+    assert keys("10.0.0.1") == [("client:10.0.0.1", 64), ("server:bodies", 8)]
+    assert keys("10.0.0.1", max_concurrent_per_client=0) == [("server:bodies", 8)]
+    alice, bob = KeyEntry("alice", "0" * 64, frozenset({"chat"})), KeyEntry("bob", "1" * 64, frozenset({"chat"}), 3)
+    assert keys("10.0.0.1", alice) == keys("127.0.0.1", alice, bound_loopback_clients=False) \
+        == [("client:key:alice", 64), ("server:bodies", 8)]
+    assert keys("10.0.0.1", bob, max_concurrent_per_client=0) == [("client:key:bob", 3), ("server:bodies", 8)]
+    assert keys("10.0.0.1", alice, max_concurrent_per_client=0) == [("server:bodies", 8)]
 
 
 async def test_client_slots_show_as_one_key_and_leave_nothing_behind() -> None:
