@@ -83,17 +83,18 @@ def encoder_name(encoder: SentenceEncoder) -> str:
     return folder.parent.name if folder.name == "model" else folder.name
 
 
-def embedding_routes(source: EncoderSource, config: ServerConfig) -> list[BaseRoute]:
-    handlers = EmbeddingHandlers(source, config)
+def embedding_routes(source: EncoderSource, config: ServerConfig, admission: Admission) -> list[BaseRoute]:
+    handlers = EmbeddingHandlers(source, config, admission)
     return [ApiRoute("/v1/embeddings", handlers.embeddings, method="POST",
                      summary="Sentence embeddings from the memory's encoder (model `embedding`)", scope="chat",
                      request_type=EmbeddingRequest, response_type=EmbeddingList)]
 
 
 class EmbeddingHandlers:
-    def __init__(self, source: EncoderSource, config: ServerConfig) -> None:
+    def __init__(self, source: EncoderSource, config: ServerConfig, admission: Admission) -> None:
         self._source = source
         self._config = config
+        self._admission = admission
         self._decoder = msgspec.json.Decoder(EmbeddingRequest)
         self._tokenizer: Any = None
 
@@ -112,8 +113,7 @@ class EmbeddingHandlers:
                              "be shortened.", param="dimensions")
         texts = [body.input] if isinstance(body.input, str) else body.input
         check_embedding_inputs(texts, self._config.limits)
-        admission: Admission = request.app.state.admission
-        async with admission.slot(f"model:{EMBEDDING_MODEL}", self._config.admission.max_concurrent_per_model,
+        async with self._admission.slot(f"model:{EMBEDDING_MODEL}", self._config.admission.max_concurrent_per_model,
                                   param="model", request=request):
             try:
                 vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread

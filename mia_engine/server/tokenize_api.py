@@ -64,8 +64,8 @@ class VersionResponse(msgspec.Struct):
     """The version of the vLLM it runs on (None: not installed as a distribution)."""
 
 
-def tokenize_routes(client: EngineClient, config: ServerConfig) -> list[BaseRoute]:
-    handlers = TokenizeHandlers(client, config)
+def tokenize_routes(client: EngineClient, config: ServerConfig, admission: Admission) -> list[BaseRoute]:
+    handlers = TokenizeHandlers(client, config, admission)
     return [
         ApiRoute("/tokenize", handlers.tokenize, method="POST", summary="Token ids of a prompt or of chat messages",
                  scope="chat", request_type=TokenizeRequest, response_type=TokenizeResponse),
@@ -86,9 +86,10 @@ def _vllm_version() -> str | None:
 
 
 class TokenizeHandlers:
-    def __init__(self, client: EngineClient, config: ServerConfig) -> None:
+    def __init__(self, client: EngineClient, config: ServerConfig, admission: Admission) -> None:
         self._client = client
         self._config = config
+        self._admission = admission
         self._tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
         self._detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
         self._version = VersionResponse(__version__, _vllm_version())
@@ -120,8 +121,7 @@ class TokenizeHandlers:
 
     def _slot(self, request: Request, model: str) -> AbstractAsyncContextManager[None]:
         """A slot of ``tokenize:<model>``: the model's tokenizer threads, which its chat requests share."""
-        admission: Admission = request.app.state.admission
-        return admission.slot(f"tokenize:{model}", self._config.admission.max_concurrent_per_model, param="model",
+        return self._admission.slot(f"tokenize:{model}", self._config.admission.max_concurrent_per_model, param="model",
                               request=request)
 
     async def version(self, request: Request) -> Response:
