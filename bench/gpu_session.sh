@@ -15,9 +15,12 @@
 # doctor (kernel vs reference at 1M x 384, a GRPO step of a 4-layer Qwen3-8B-shaped stack, faiss-gpu),
 # memory searches while the learner trains on the same GPU (contention: priority vs default streams),
 # the GRPO step of the whole 36-layer stack at 4096 and at 16384 tokens a sequence (doctor_36_layers,
-# doctor_36_layers_16k: time a token, share of the bf16 peak, peak memory), and the kernel tests
-# compiled for this GPU (kernel_tests). steps.txt says how each ended. The limits are about 2-3x the
-# measured times and must add up to under 10 minutes: the whole script runs in one device call.
+# doctor_36_layers_16k: time a token; model-FLOPs utilisation beside the 6N convention's and the
+# hardware's share of the bf16 peak, and the recompute's share, mia_engine/doctor/flops.py; a step with
+# every layer recomputed for comparison where memory let some keep their activations; peak memory), the
+# kernel tests compiled for this GPU (kernel_tests), and the learner's choice of recomputed layers on
+# this GPU (learner_gpu_test). steps.txt says how each ended. The limits are about 2-3x the measured
+# times and must add up to under 10 minutes: the whole script runs in one device call.
 set -u
 out=${1:-bench/results/gpu}
 py=${PYTHON:-python3}
@@ -50,9 +53,10 @@ print(platform.python_version(), "torch", torch.__version__, "cuda", torch.versi
     "$py" scripts/cuda_stack.py driver
 } >"$out/machine.txt" 2>&1
 
-step memory_score 90 "$py" bench/bench_memory_score.py --no-main --no-products --no-faiss --gpu-sweep
-step doctor 75 "$py" -m mia_engine doctor
+step memory_score 80 "$py" bench/bench_memory_score.py --no-main --no-products --no-faiss --gpu-sweep
+step doctor 70 "$py" -m mia_engine doctor
 step contention 110 "$py" -m mia_engine doctor --checks contention
 step doctor_36_layers 110 "$py" -m mia_engine doctor --layers 36 --checks grpo
-step doctor_36_layers_16k 150 "$py" -m mia_engine doctor --layers 36 --seq-len 16384 --checks grpo
+step doctor_36_layers_16k 130 "$py" -m mia_engine doctor --layers 36 --seq-len 16384 --checks grpo
 step kernel_tests 50 "$py" -m pytest tests/kernels/test_memory_score.py --noconftest -q -p no:cacheprovider
+step learner_gpu_test 45 "$py" -m pytest tests/learner/test_recompute.py -m gpu --noconftest -q -p no:cacheprovider

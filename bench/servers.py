@@ -15,6 +15,7 @@ import httpx
 from mia_engine.config import EngineConfig
 from mia_engine.engines.cpu.options import engine_args as cpu_engine_args
 from mia_engine.engines.cpu.spawn import spawn_env
+from mia_engine.engines.startup import engine_env
 from mia_engine.engines.cpu.options import ASYNC_SCHEDULING_KEY, LORA_OPS_KEY
 from tests.processes import free_port, stop_process
 
@@ -82,7 +83,7 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
                 onednn_cache_capacity: int, same_cpu_lora_ops: bool = False,
                 same_cpu_async_scheduling: bool = False, env: dict[str, str] | None = None) -> Server:
     """``vllm serve`` with the same engine settings as ``engine``: its arguments (``vllm_engine_args``)
-    and the environment our CPU engines spawn with (``engines/cpu/spawn.py``, with the config's
+    and the environment our engines spawn with (``engine_env``; on CPU ``engines/cpu/spawn.py``, with the config's
     ``cpu.onednn_cache_capacity``: without it vLLM's CPU platform turns ``uni`` back into ``mp``).
     ``extra``: more arguments.
     Started as vLLM's OpenAI api_server module: the CPU wheel's ``vllm`` script looks up the
@@ -93,7 +94,8 @@ def launch_vllm(log_dir: Path, model_dir: Path, served_name: str, engine: Engine
            "--disable-uvicorn-access-log", "--disable-log-stats",
            *vllm_engine_args(engine, same_cpu_lora_ops=same_cpu_lora_ops,
                              same_cpu_async_scheduling=same_cpu_async_scheduling), *extra]
-    return launch("vllm_serve", cmd, log_dir, port, {**spawn_env(engine, onednn_cache_capacity), **(env or {})})
+    return launch("vllm_serve", cmd, log_dir, port,
+                  {**engine_env(engine), **spawn_env(engine, onednn_cache_capacity), **(env or {})})
 
 
 def vllm_engine_args(engine: EngineConfig, *, same_cpu_lora_ops: bool = False,

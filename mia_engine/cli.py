@@ -28,8 +28,8 @@ import msgspec
 from . import __version__
 from .base import logs
 from .base.config_docs import plain, render_markdown, render_toml
-from .config import (ConfigError, MIAConfig, check_adapter_dirs, check_bind, check_keys, load_config,
-                     parse_override_value, planner_engine)
+from .config import (ConfigError, LearnerConfig, MIAConfig, check_adapter_dirs, check_bind, check_keys,
+                     load_config, parse_override_value, planner_engine)
 from .config.flags import EVERY_ENGINE, add_engine_flags, engine_flag_overrides
 from .config.served_model import ModelFacts
 from .config.vllm_args import ENGINE_ARGS
@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--checks", type=_doctor_checks, default=None, metavar="LIST",
                         help="comma-separated checks among kernel,grpo,faiss,contention (default: "
                              "kernel,grpo,faiss)")
+    doctor.add_argument("--config", default=None, help="a config (name or TOML file) whose [learner] section "
+                        "sets the GRPO step's recompute and its model-FLOPs utilisation floor "
+                        "(learner.min_model_flops_utilization); default: the learner's defaults")
     _eval_parser(sub)
     index = sub.add_parser("index", help="build (or reuse) the passage index of a corpus, with a progress bar")
     _common(index)
@@ -149,8 +152,9 @@ def _config_parser(sub: _Commands) -> None:
 
 
 def _keys_parser(sub: _Commands) -> None:
-    keys = sub.add_parser("keys", help="make keys of several users for server.keys_file")
-    add = _Commands(keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")).add_parser(
+    keys = sub.add_parser("keys", help="make, list and remove keys of several users for server.keys_file")
+    actions = _Commands(keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION"))
+    add = actions.add_parser(
         "add", help="generate a random key named NAME with its scopes, append its hash to the keys file (created "
         "mode 0600 where missing) and print the key, once; send SIGHUP to a running server to load it")
     add.add_argument("name", metavar="NAME", help="the key's name, shown in the access log and the audit lines")
@@ -159,6 +163,13 @@ def _keys_parser(sub: _Commands) -> None:
     add.add_argument("--file", required=True, type=Path, help="the keys file (server.keys_file)")
     add.add_argument("--max-concurrent", type=int, default=0, metavar="N",
                      help="this key's per-client bound (default 0: server.admission.max_concurrent_per_client)")
+    listing = actions.add_parser("list", help="print each key of the keys file: its name, scopes and "
+                                 "max_concurrent (never its hash)")
+    listing.add_argument("--file", required=True, type=Path, help="the keys file (server.keys_file)")
+    remove = actions.add_parser("remove", help="remove the key named NAME from the keys file; send SIGHUP to a "
+                                "running server to stop accepting it")
+    remove.add_argument("name", metavar="NAME", help="the key's name")
+    remove.add_argument("--file", required=True, type=Path, help="the keys file (server.keys_file)")
 
 
 def _key_scopes(text: str) -> list[str]:
@@ -173,21 +184,45 @@ def _key_scopes(text: str) -> list[str]:
     return scopes
 
 
-def _add_key(args: argparse.Namespace) -> int:
-    """``keys add``: the new key alone on stdout (for ``KEY=$(...)``), what was done on stderr; or one line
-    naming the problem (exit 2), the file unchanged."""
-    from .base.key_table import add_key
+def _keys(args: argparse.Namespace) -> int:
+    """``keys add|list|remove``: 0, or one line naming the problem (exit 2), the file unchanged."""
     from .base.keys import KeyFileError
 
+    action = {"add": _add_key, "list": _list_keys, "remove": _remove_key}[args.keys_command]
     try:
-        key = add_key(args.file, args.name, args.scopes, args.max_concurrent)
+        action(args)
     except KeyFileError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _add_key(args: argparse.Namespace) -> None:
+    """``keys add``: the new key alone on stdout (for ``KEY=$(...)``), what was done on stderr."""
+    from .base.key_table import add_key
+
+    key = add_key(args.file, args.name, args.scopes, args.max_concurrent)
     print(key)
     print(f"added key {args.name!r} ({','.join(args.scopes)}) to {args.file}: this is the only time the key is shown; "
           "send SIGHUP to a running server to load it", file=sys.stderr)
-    return 0
+
+
+def _list_keys(args: argparse.Namespace) -> None:
+    """``keys list``: one line per key, ``NAME scopes=A,B max_concurrent=N``, in the file's order."""
+    from .base.key_table import SCOPES, list_keys
+
+    for entry in list_keys(args.file):
+        scopes = ",".join(scope for scope in SCOPES if scope in entry.scopes)
+        print(f"{entry.name} scopes={scopes} max_concurrent={entry.max_concurrent}")
+
+
+def _remove_key(args: argparse.Namespace) -> None:
+    """``keys remove``: what was done on stderr."""
+    from .base.key_table import remove_key
+
+    remove_key(args.file, args.name)
+    print(f"removed key {args.name!r} from {args.file}; send SIGHUP to a running server to stop accepting it",
+          file=sys.stderr)
 
 
 def _doctor_checks(text: str) -> tuple[str, ...]:
@@ -424,15 +459,24 @@ def _load(args: argparse.Namespace, overrides: dict[str, Any]) -> MIAConfig:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # first: a SIGHUP (keys reload) must not end a server still starting
+        from .server.key_ring import DeferredSighup
+
+        DeferredSighup.install()
     if argv[:1] == ["doctor"]:  # needs no config
         from . import doctor
 
         args = _parser().parse_args(argv)
-        return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.DEFAULT_CHECKS)
+        try:
+            learner = load_config(args.config).learner if args.config else LearnerConfig()
+        except ConfigError as err:
+            print(f"{PROG} doctor: {err}", file=sys.stderr)
+            return 2
+        return doctor.main(args.small, args.layers, args.seq_len, args.checks or doctor.DEFAULT_CHECKS, learner)
     if argv[:1] == ["init-adapter"]:  # needs no config
         return _init_adapter(_parser().parse_args(argv))
     if argv[:1] == ["keys"]:  # needs no config
-        return _add_key(_parser().parse_args(argv))
+        return _keys(_parser().parse_args(argv))
     try:
         args, overrides = parse_args(argv)
         config = _load(args, overrides)

@@ -1,13 +1,14 @@
 """What ``serve`` checks and prepares before anything starts: the packages, the adapters, the per-GPU
-budget (also ``serve --dry-run``'s report), a Ray cluster to join, a data dir of this user's alone, the
-admin key, and this process's oneDNN bound. Each refusal is one line on stderr after ``PROG``."""
+budget against this box's GPUs where NVML answers (also ``serve --dry-run``'s report), a Ray cluster to
+join, a data dir of this user's alone, the admin key, and this process's oneDNN bound. Each refusal is
+one line on stderr after ``PROG``."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,11 @@ def dry_run(config: MIAConfig) -> int:
     per-GPU table when a GPU is over-committed."""
     from .deploy.report import render
 
-    checked = deployment_check(config, is_dry_run=True)
+    checked = deployment_check(config, os.environ, is_dry_run=True)
     if checked is None:
         return 2
-    result, adapter_lines = checked
-    print(render(config, result, adapter_lines))
+    result, adapter_lines, fit = checked
+    print(render(config, result, adapter_lines, fit=fit))
     return 0
 
 
@@ -68,13 +69,14 @@ def preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> in
         print(f"{PROG}: error: engines.{ray[0]}.executor_backend: 'ray' needs the cluster's address: export "
               "RAY_ADDRESS=<head node>:6379 (docs/DEPLOY_8GPU.md, 'Past one box')", file=sys.stderr)
         return 2
-    checked = deployment_check(config, is_dry_run=False)
+    checked = deployment_check(config, environ, is_dry_run=False)
     if checked is None:
         return 2
-    if checked[0] is not None:  # a config with GPUs: where each role, the memory, the encoder and the learner run
+    result, adapter_lines, fit = checked
+    if result is not None:  # a config with GPUs: where each role, the memory, the encoder and the learner run
         from .deploy.report import render
 
-        logging.getLogger(PROG).info("%s", render(config, *checked, title="MIA Engine start-up plan"))
+        logging.getLogger(PROG).info("%s", render(config, result, adapter_lines, "MIA Engine start-up plan", fit))
     try:  # last: it creates the data dir, which a refused config must not leave behind
         private_dir(config.resolved_data_dir(), "data_dir")
     except UnsafeFolder as err:
@@ -83,13 +85,16 @@ def preflight(config: MIAConfig, environ: Mapping[str, str] | None = None) -> in
     return 0
 
 
-def deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[str]] | None:
-    """The adapters' check and the GPU plan (None where ``serve`` plans no GPU); on a refusal it prints
-    the error (and the per-GPU table) to stderr and returns None."""
+def deployment_check(config: MIAConfig, environ: Mapping[str, str], *,
+                     is_dry_run: bool) -> tuple[Any, list[str], Any] | None:
+    """The adapters' check, the GPU plan (None where ``serve`` plans no GPU) and, where the config places
+    something on a GPU and NVML answers, this box's fit for it (``deploy/box.py``; else None); on a refusal
+    it prints the per-GPU table and the error to stderr and returns None."""
     from .deploy.adapters import check_role_adapters
+    from .deploy.box import BoxMisfit
     from .deploy.budget import OverCommitted, plan, plans_gpus
     from .deploy.engines import check_engine_parsers, check_engines
-    from .deploy.report import render_memory
+    from .deploy.report import render_box, render_memory
     from .models.cache import default_home
     from .models.embedded import adapter_dir, model_dir
 
@@ -99,8 +104,16 @@ def deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[
         check_engines(config, models)
         adapter_lines = check_role_adapters(config, models, lambda spec, base: adapter_dir(spec, base, home),
                                             include_embedded=is_dry_run)
-        result = plan(config, models) if is_dry_run or plans_gpus(config) else None
+        result, fit = None, None
+        if plans_gpus(config):
+            result, fit = _plan_on_box(config, models, environ, is_dry_run)
+        elif is_dry_run:
+            result = plan(config, models)
         check_engine_parsers(config)  # last: it imports vLLM
+    except BoxMisfit as err:
+        print(render_box(err.fit), file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return None
     except OverCommitted as err:
         print(render_memory(err.plan), file=sys.stderr)
         print(f"{PROG}: error: {err}", file=sys.stderr)
@@ -108,7 +121,31 @@ def deployment_check(config: MIAConfig, *, is_dry_run: bool) -> tuple[Any, list[
     except (ConfigError, FileNotFoundError, KeyError, ValueError) as err:
         print(f"{PROG}: error: {str(err).strip(chr(34) + chr(39))}", file=sys.stderr)
         return None
-    return result, adapter_lines
+    return result, adapter_lines, fit
+
+
+def _plan_on_box(config: MIAConfig, models: Callable[[str], Path], environ: Mapping[str, str],
+                 is_dry_run: bool) -> tuple[Any, Any]:
+    """The plan of a config with GPUs and this box's fit for it (``deploy/box.py``); where NVML does not
+    answer, the plan on the config's ``[gpus]`` figures, with a note saying so (and, for ``serve``, a
+    warning)."""
+    from .deploy import gpu_probe
+    from .deploy.box import check_box, on_box
+    from .deploy.budget import plan
+    from .deploy.cuda_driver import SKIP_DRIVER_CHECK_ENV
+
+    box = gpu_probe.probe_box(environ)
+    config = on_box(config, box)
+    result = plan(config, models)
+    if box is None:
+        note = (f"NVML did not answer (no NVIDIA driver, or no nvidia-ml-py): planned on gpus.memory_gib = "
+                f"{config.gpus.memory_gib:g} GiB, not this box's GPUs")
+        result.notes.append(note)
+        if not is_dry_run:
+            logging.getLogger(PROG).warning("%s", note)
+        return result, None
+    is_driver_checked = environ.get(SKIP_DRIVER_CHECK_ENV) != "1"
+    return result, check_box(config, result, box, gpu_probe.torch_cuda(), is_driver_checked=is_driver_checked)
 
 
 def with_admin_key(config: MIAConfig) -> MIAConfig | None:

@@ -75,7 +75,7 @@ def _stop_reason(sig: int) -> str:
 async def _serve(config: MIAConfig) -> str | None:
     services = Services(config)
     app = build_app(services.app_parts(start=lambda: server.run_services(services)))
-    protocol: Any = http_protocol(config.server)  # uvicorn calls it as a class; its hint names only classes
+    protocol: Any = http_protocol(config.server, services.metrics.watch_connections)  # uvicorn calls it as a class; its hint names only classes
     server = _Server(uvicorn.Config(
         app, host=config.server.host, port=config.server.port, http=protocol, ws="none", lifespan="on",
         log_level=config.server.log_level, access_log=False,  # server.access_log: server/access_log.py's, escaped

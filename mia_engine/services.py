@@ -135,7 +135,8 @@ class Services:
         """What the HTTP app serves; ``start`` brings these services up once the server listens."""
         return AppParts(
             client=self.roles, config=self.config.server, admission=self.admission, metrics=self.metrics,
-            readiness=[("memory_not_ready", self.memory), ("agent_not_ready", self.agent)], agent=self.agent,
+            readiness=[("memory_not_ready", self.memory), ("agent_not_ready", self.agent),
+                       ("learning", self.learner.health)], agent=self.agent,
             encoder=lambda: self.encoders[0] if self.encoders else None, learner=self.learner,
             adapters=self.roles.adapters, adapter_dirs=adapter_load_dirs(self.config), loras=self.loras,
             planner=self.config.agent.roles.planner, memory=self.memory, start=start, stop=self.stop)

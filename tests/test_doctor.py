@@ -40,6 +40,8 @@ def test_contention_runs_searches_under_the_learner_at_cpu_size() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
     assert line.startswith("PASS contention: priority streams: search p50 ") and "learner step " in line
+    first, *others = line.split("; priority streams")
+    assert "learner in its own process" in first and others and "learner in a thread" in others[0], line
 
 
 def test_contention_goals() -> None:
@@ -49,6 +51,28 @@ def test_contention_goals() -> None:
         return Contention("priority", Latencies(idle), Latencies(under), Latencies([2.0, 2.0]),
                           Latencies([step_under, step_under]))
 
-    assert run([0.003] * 99 + [0.005], [0.004] * 99 + [0.009], 2.3).misses() == []
+    # the issue's goals: p99 <= 1.5x idle, max <= 30 ms, a learner step <= 1.1x its time alone
+    assert run([0.003] * 99 + [0.005], [0.004] * 99 + [0.007], 2.1).misses() == []
     missed = run([0.003] * 100, [0.004] * 98 + [0.021, 0.280], 2.6).misses()
     assert [m.split(" ")[1] for m in missed] == ["p99", "max", "step"], missed
+
+
+def test_doctor_reads_the_learner_section_of_a_config_and_refuses_a_bad_one_in_one_line(
+        tmp_path: Path, monkeypatch) -> None:
+    """``--config``: the GRPO step's recompute and its utilisation floor come from the config's [learner]."""
+    from mia_engine import cli, doctor
+
+    seen = []
+    monkeypatch.setattr(doctor, "main", lambda *args: seen.append(args[-1]) or 0)
+    tiny = (Path(__file__).parents[1] / "configs" / "tiny.toml").read_text()
+    good = tmp_path / "floor.toml"
+    good.write_text(tiny.replace("[learner]\n", "[learner]\nmin_model_flops_utilization = 0.4\ncheckpoint_layers = 2\n"))
+    assert cli.main(["doctor", "--small", "--checks", "grpo", "--config", str(good)]) == 0
+    assert (seen[0].min_model_flops_utilization, seen[0].checkpoint_layers) == (0.4, 2)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(tiny.replace("[learner]\n", "[learner]\nmin_model_flops_utilization = 2\n"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    result = subprocess.run([sys.executable, "-m", "mia_engine", "doctor", "--config", str(bad)],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "min_model_flops_utilization" in result.stderr

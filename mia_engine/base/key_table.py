@@ -13,7 +13,8 @@ are random (``keys add`` draws 32 bytes, ``secrets.token_urlsafe``), so nobody r
 trying, and a slow password hash would cost every request its time while protecting nothing more. The file
 holds no secret, but whoever can write it can add a key, so it is read with the checks of a key file
 (``keys.read_private_file``: this user's, or root's, and writable by nobody else). Part of the config layer:
-``check_keys`` validates the file before ``serve`` starts, the server reads it again on SIGHUP.
+``check_keys`` validates the file before ``serve`` starts, the server reads it again on SIGHUP; ``keys add``,
+``keys list`` and ``keys remove`` (``cli.py``) write and read it here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 RESERVED_NAMES = frozenset({"api_key", "admin_api_key"})
 """The names the log gives ``server.api_key`` and ``server.admin_api_key``: no entry may pass for them."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_TABLE_HEADER = re.compile(r"\[\[\s*key\s*\]\]\s*(#.*)?")
+"""A line that opens a ``[[key]]`` table (stripped), a comment after it allowed."""
 
 
 class KeyEntry(msgspec.Struct, frozen=True):
@@ -77,14 +80,28 @@ class KeyTable:
 def read_key_table(path: Path, field: str = "server.keys_file") -> KeyTable:
     """The table of ``path``; ``KeyFileError`` (one line naming ``field``, the file and the entry) where the
     file is unsafe or invalid."""
+    return KeyTable(_read(path, field)[1])
+
+
+def list_keys(path: Path) -> list[KeyEntry]:
+    """The entries of the keys file ``path``, in the file's order (``KeyFileError`` as ``read_key_table``)."""
+    return _read(path, "--file")[1]
+
+
+def _read(path: Path, field: str) -> tuple[bytes, list[KeyEntry]]:
+    """The bytes of the keys file ``path`` and its checked entries."""
     data = read_private_file(field, path, MAX_KEYS_FILE_BYTES + 1)
     if len(data) > MAX_KEYS_FILE_BYTES:
         raise KeyFileError(f"{field}: {path} is larger than {MAX_KEYS_FILE_BYTES} bytes")
+    return data, _parse(data, f"{field}: {path}")
+
+
+def _parse(data: bytes, where: str) -> list[KeyEntry]:
     try:
         document = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise KeyFileError(f"{field}: {path}: not TOML: {err}") from None
-    return KeyTable(parse_entries(document, f"{field}: {path}"))
+        raise KeyFileError(f"{where}: not TOML: {err}") from None
+    return parse_entries(document, where)
 
 
 def parse_entries(document: Mapping[str, Any], where: str) -> list[KeyEntry]:
@@ -152,17 +169,52 @@ def add_key(path: Path, name: str, scopes: Iterable[str], max_concurrent: int = 
                     "max_concurrent": max_concurrent}, f"{field}: new key")
     old = read_private_file(field, path, MAX_KEYS_FILE_BYTES) if os.path.lexists(path) else b""
     new = old + (b"\n" if old and not old.endswith(b"\n") else b"") + (b"\n" if old.strip() else b"")
-    new += _entry_text(entry, [s for s in SCOPES if s in entry.scopes]).encode()
-    try:
-        parse_entries(tomllib.loads(new.decode("utf-8")), f"{field}: {path}")  # e.g. the name is taken
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise KeyFileError(f"{field}: {path}: not TOML: {err}") from None
+    new += _entry_text(entry).encode()
+    _parse(new, f"{field}: {path}")  # e.g. the name is taken
     _replace(path, new)
     return key
 
 
-def _entry_text(entry: KeyEntry, scopes: list[str]) -> str:
+def remove_key(path: Path, name: str) -> KeyEntry:
+    """Remove the entry named ``name`` from the keys file ``path`` and return it; the other entries, and the
+    comments above them, stay as they were written. The file is rewritten as ``add_key`` rewrites it;
+    ``KeyFileError`` (no key of that name, say) leaves it unchanged."""
+    field = "--file"
+    old, entries = _read(path, field)
+    index = next((i for i, entry in enumerate(entries) if entry.name == name), None)
+    if index is None:
+        names = ", ".join(entry.name for entry in entries) or "none"
+        raise KeyFileError(f"{field}: {path}: no key named {name!r} (its keys: {names})")
+    kept = entries[:index] + entries[index + 1:]
+    new = _without_table(old.decode("utf-8"), index)
+    if new is None or _parse(new.encode(), f"{field}: {path}") != kept:  # the tables not one plain [[key]] each
+        new = "\n".join(_entry_text(entry) for entry in kept)
+    _replace(path, new.encode())
+    return entries[index]
+
+
+def _without_table(text: str, index: int) -> str | None:
+    """``text`` without its ``index``-th ``[[key]]`` table: from the comment lines right above its header to
+    those above the next header, or to the end. None where ``text`` has fewer such headers; the caller checks
+    the result, which a header inside a string or inline tables would make wrong."""
+    lines = text.splitlines(keepends=True)
+    headers = [i for i, line in enumerate(lines) if _TABLE_HEADER.fullmatch(line.strip())]
+    if index >= len(headers):
+        return None
+
+    def block_start(header: int) -> int:
+        while header > 0 and lines[header - 1].lstrip().startswith("#"):
+            header -= 1
+        return header
+
+    end = block_start(headers[index + 1]) if index + 1 < len(headers) else len(lines)
+    rest = "".join(lines[:block_start(headers[index])] + lines[end:]).rstrip()
+    return rest + "\n" if rest else ""
+
+
+def _entry_text(entry: KeyEntry) -> str:
     """The entry as a ``[[key]]`` table (its name and scopes are checked: nothing in them needs escaping)."""
+    scopes = [scope for scope in SCOPES if scope in entry.scopes]
     lines = ["[[key]]", f'name = "{entry.name}"', f'sha256 = "{entry.sha256}"',
              "scopes = [" + ", ".join(f'"{scope}"' for scope in scopes) + "]"]
     if entry.max_concurrent:

@@ -79,6 +79,11 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     """Adapters cached in host memory, old versions being drained counted (vLLM: ``max_loras``)."""
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
     """vLLM's structured-outputs backend (regex / JSON-schema constrained requests)."""
+    structured_outputs_cache_mib: int = 512
+    """xgrammar's cache of compiled grammars in this engine's core process, in MiB (vLLM's
+    ``VLLM_XGRAMMAR_CACHE_MB``, its default 512), least recently used first out. The research loop sends a
+    grammar per request (a pinned query, a replayed plan) beside the few it reuses, so the engine core's
+    memory grows until this bound; a small vocabulary's grammars are small and need less."""
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
@@ -114,7 +119,7 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     def __post_init__(self) -> None:
         for field in ("max_model_len", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                       "max_num_seqs", "tokenizer_threads", "max_loras", "max_cpu_loras", "max_lora_rank",
-                      "max_images_per_prompt"):
+                      "max_images_per_prompt", "structured_outputs_cache_mib"):
             check_positive(field, getattr(self, field))
         check_field(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]")
         check_field(self.max_cpu_loras >= self.max_loras, "max_cpu_loras", f"must be >= max_loras ({self.max_loras})")

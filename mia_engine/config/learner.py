@@ -15,14 +15,15 @@ from ..base.structs import Frozen, require
 
 Aggregation = Literal["grpo", "dapo"]
 LearnerDtype = Literal["float32", "bfloat16", "float16"]
+LearnerProcessKind = Literal["spawn", "thread"]
 
 
 class LearnerConfig(Frozen):
     """How the Planner's LoRA adapter is updated between batches of judged rollouts."""
 
     num_threads: int = 1
-    """Torch intra-op threads of the serving process once the learner is loaded (0 = leave torch's
-    default). One by default because on a CPU box the learner shares cores with the vLLM worker, and one
+    """Torch intra-op threads of the serving process once the learner is loaded, and of the learner's own
+    process (0 = leave torch's default). One by default because on a CPU box the learner shares cores with the vLLM worker, and one
     thread keeps chat latency under updates steadier and the step faster there. It applies to threads that start torch work after the learner loads; the sentence
     encoder's thread, loaded and warmed before, keeps the process default (the passage index builds at
     full speed)."""
@@ -40,6 +41,16 @@ class LearnerConfig(Frozen):
     mostly silence. 4 (AReaL's default bound, Fu et al. 2025) covers the batches an update queue keeps
     (``max_queued_updates``) plus the questions answered meanwhile at a few in flight; 0 = strictly
     on-policy (only rollouts of the version serving now)."""
+    process: LearnerProcessKind = "spawn"
+    """Where the learner runs: "spawn" = a child process of its own (started with multiprocessing's
+    spawn; on a GPU its own CUDA context on ``device``), "thread" = a thread of the serving process. Spawn
+    by default: a separate interpreter and CUDA context keep the learner's steps off the GIL and the
+    GPU stream that the memory searches a question waits for; a child that dies is restarted
+    (``max_restarts``) while serving goes on."""
+    max_restarts: int = 3
+    """How many times a learner process that died (killed, out of memory) is replaced by a fresh one on
+    the version served before test-time learning is off (``/health`` says so; serving goes on); a few
+    survive a one-off kill without retrying for ever a batch that always kills it."""
     device: str = "cpu"
     """Torch device of the learner's copy of the Planner ("cpu", "cuda", "cuda:7"); on a multi-GPU node
     give it a GPU of its own so training never slows the serving engines."""
@@ -82,9 +93,24 @@ class LearnerConfig(Frozen):
     update (counted in ``StepResult.num_skipped_long``). 0 = no limit beyond the Planner engine's
     ``max_model_len``, which is then what the dry run budgets: ``micro_batch_size`` sequences of it."""
     gradient_checkpointing: bool = True
-    """Recompute each layer's activations in the backward pass instead of keeping them (an 8B learner
-    does not fit one GPU without it at long contexts). Needs train mode, which the learner uses (with
-    dropout off) because Hugging Face turns checkpointing off under ``eval()``."""
+    """Recompute decoder layers' activations in the backward pass instead of keeping them (an 8B learner
+    does not fit one GPU without it at long contexts); which layers: ``checkpoint_layers``. Needs train
+    mode, which the learner uses (with dropout off) because Hugging Face turns checkpointing off under
+    ``eval()``."""
+    checkpoint_layers: int = -1
+    """With ``gradient_checkpointing``, how many decoder layers (the first ones) recompute their
+    activations in the backward; the others keep them and skip that second forward. -1 = chosen per
+    micro-batch on a GPU: the fewest that let the others' activations (measured per token when the
+    learner loads) fit the device's free memory less ``checkpoint_headroom_gib``; on a CPU, whose memory
+    the learner shares with the engines, all of them."""
+    checkpoint_headroom_gib: float = 4.0
+    """GPU memory (GiB) that ``checkpoint_layers = -1`` leaves free beyond its estimate of a micro-batch's
+    peak, for the device's other users (the sentence encoder's batches, growing memory score matrices)
+    and the allocator's fragmentation. What a step reserves stays in torch's cache after it."""
+    min_model_flops_utilization: float = 0.0
+    """Floor of the doctor's GRPO-step check on a GPU: the step's model-FLOPs utilisation (the FLOPs a
+    LoRA step requires, without recompute, over the time and the GPU's bf16 dense peak:
+    ``doctor/flops.py``) as a fraction; below it the check fails. 0 = no floor."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay of the LoRA weights."""
     num_epochs: int = 1
@@ -124,6 +150,7 @@ class LearnerConfig(Frozen):
         require(self.max_sample_staleness >= 0,
                 f"learner.max_sample_staleness must be >= 0, got {self.max_sample_staleness}")
         require(self.num_threads >= 0, f"learner.num_threads must be >= 0, got {self.num_threads}")
+        require(self.max_restarts >= 0, f"learner.max_restarts must be >= 0, got {self.max_restarts}")
         require(math.isfinite(self.lr) and self.lr > 0, f"learner.lr must be a positive number, got {self.lr}")
         require(0 < self.clip_eps < 1, f"learner.clip_eps must be in (0, 1), got {self.clip_eps}")
         require(self.clip_eps_high is None or 0 < self.clip_eps_high < math.inf,
@@ -138,6 +165,12 @@ class LearnerConfig(Frozen):
                  f"learner.weight_decay must be >= 0, got {self.weight_decay}")
         require(self.logit_chunk_size >= 1, f"learner.logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
         require(self.max_seq_len >= 0, f"learner.max_seq_len must be >= 0, got {self.max_seq_len}")
+        require(self.checkpoint_layers >= -1,
+                f"learner.checkpoint_layers must be >= 0 (or -1: chosen by memory), got {self.checkpoint_layers}")
+        require(math.isfinite(self.checkpoint_headroom_gib) and self.checkpoint_headroom_gib >= 0,
+                f"learner.checkpoint_headroom_gib must be >= 0, got {self.checkpoint_headroom_gib}")
+        require(0 <= self.min_model_flops_utilization < 1,
+                f"learner.min_model_flops_utilization must be in [0, 1), got {self.min_model_flops_utilization}")
         require(self.num_epochs >= 1, f"learner.num_epochs must be >= 1, got {self.num_epochs}")
         require(math.isfinite(self.advantage_eps) and self.advantage_eps > 0,
                  f"learner.advantage_eps must be > 0, got {self.advantage_eps}")

@@ -73,13 +73,21 @@ class EmbedderConfig(Frozen):
     merges what is already queued."""
 
     max_queued_requests: int = 1024
-    """Encode requests waiting for the encoder thread at most; one more is refused (``EncoderBusy``)."""
+    """Encode requests waiting for the encoder thread at most; one more is refused (``EncoderBusy``). A
+    request already split into jobs (``max_texts_per_job``) is never refused past its first."""
+    max_texts_per_job: int = 256
+    """Most texts of one encode request the encoder thread takes at once: a longer list (a ``/v1/embeddings``
+    request holds up to 2,048, a memory import more) is encoded as jobs of this many, each queued when the last
+    is done, so the agent's retrieval waits behind one job, not the whole list. 256, four forward passes of
+    ``batch_size``: a hand-off between jobs is a thread wake-up, small beside a forward pass, and each job still
+    has enough texts to sort by length into batches that pad little."""
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "embedder.batch_size must be >= 1")
         require(self.max_seq_tokens >= 0, "embedder.max_seq_tokens must be >= 0")
         require(self.max_queued_requests >= 1, "embedder.max_queued_requests must be >= 1")
         require(self.batch_wait_ms >= 0, "embedder.batch_wait_ms must be >= 0")
+        require(self.max_texts_per_job >= 1, "embedder.max_texts_per_job must be >= 1")
 
 
 class DurabilityConfig(Frozen):
@@ -184,6 +192,11 @@ class MemoryConfig(Frozen):
     index_device: str = "cpu"
     """Where the FAISS nearest-neighbour indexes live: "cpu", or "cuda:N" for GPU N when FAISS was built
     with CUDA (faiss-gpu). Never chosen implicitly: on a GPU box give it the GPU that no engine uses."""
+    faiss_threads: int = 0
+    """OpenMP threads of FAISS's searches on the store's thread, set once when the store opens; 0 = the
+    CPUs the store's thread may run on then (``os.sched_getaffinity``), instead of what OpenMP counted
+    when FAISS was loaded, which a later CPU binding or a container's quota leaves too high: on a busy
+    machine threads beyond the process's CPUs wait for each other at every search."""
     score_backend: str = "auto"
     """``backend`` passed to ``mia_kernels.memory_score.memory_topk``."""
     score_cpu_threads: int = 1
@@ -209,6 +222,7 @@ class MemoryConfig(Frozen):
         require(self.max_import_bytes >= 1, "max_import_bytes must be >= 1")
         require(self.search_batch_size >= 1, "search_batch_size must be >= 1")
         require(self.score_cpu_threads >= 0, "score_cpu_threads must be >= 0")
+        require(self.faiss_threads >= 0, "faiss_threads must be >= 0")
         require(self.index_device == "cpu" or (self.index_device.startswith("cuda:")
                                                 and self.index_device[5:].isdigit()),
                  f"index_device must be 'cpu' or 'cuda:N', got {self.index_device!r}")

@@ -80,8 +80,8 @@ class LimitsConfig(Frozen):
     under the request's one model slot, so a list of prompts could otherwise put thousands on an engine past
     every concurrency bound (the default is ``admission.max_concurrent_per_model``'s)."""
     max_embedding_inputs: int = 2048
-    """Most texts in one ``/v1/embeddings`` request (OpenAI's own limit): they are encoded as one job on the
-    memory's shared encoder, which the agent's retrieval waits behind."""
+    """Most texts in one ``/v1/embeddings`` request (OpenAI's own limit): they are encoded on the memory's shared
+    encoder, in jobs of ``memory.embedder.max_texts_per_job`` between which the agent's retrieval runs."""
     max_embedding_chars: int = 1_200_000
     """Most characters over all texts of one ``/v1/embeddings`` request, counted before any is tokenised:
     OpenAI's 300,000 tokens a request at four characters a token. The encoder reads only the first

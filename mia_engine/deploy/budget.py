@@ -152,12 +152,13 @@ def _num_gpus(config: MIAConfig) -> int:
     named += [d for d in (gpu_index(v) for v in serving_device_fields(config).values()) if d is not None]
     highest = max(named, default=-1) + 1
     if config.gpus.num_gpus and highest > config.gpus.num_gpus:
-        field = next(f for f, v in _device_fields(config).items() if highest - 1 in v)
+        field = next(f for f, v in device_fields(config).items() if highest - 1 in v)
         raise ConfigError(f"{field}: GPU {highest - 1} does not exist (gpus.num_gpus = {config.gpus.num_gpus})")
     return config.gpus.num_gpus or highest
 
 
-def _device_fields(config: MIAConfig) -> dict[str, list[int]]:
+def device_fields(config: MIAConfig) -> dict[str, list[int]]:
+    """The GPU ids each config field names (``engines.<name>.devices``, ``cuda:N`` component devices)."""
     fields = {f"engines.{n}.devices": list(e.devices) for n, e in config.engines.items()}
     fields.update({f: [g] for f, v in serving_device_fields(config).items() if (g := gpu_index(v)) is not None})
     return fields
@@ -222,14 +223,19 @@ def _place_engine(config: MIAConfig, name: str, engine: EngineConfig, shape: Dec
     if engine.executor_backend == "ray":
         _place_ray_engine(config, name, engine, items, share, kv_tokens, gpus, notes)
         return
-    devices = list(engine.devices) or list(range(replica * engine.data_parallel_size))
-    for index, gpu in enumerate(devices):
+    for index, gpu in enumerate(engine_gpus(engine)):
         r, rank = divmod(index, replica)
         owner = f"engine {name} replica {r + 1}/{engine.data_parallel_size}"
         owner += f" rank {rank + 1}/{replica}" if replica > 1 else ""
         if str(gpu) not in gpus:
             raise ConfigError(f"engines.{name}.devices: GPU {gpu} does not exist (gpus.num_gpus = {len(gpus)})")
         gpus[str(gpu)].claims.append(Claim(owner, f"engines.{name}.gpu_memory_utilization", items, share, kv_tokens))
+
+
+def engine_gpus(engine: EngineConfig) -> list[int]:
+    """The GPUs of this node an engine runs on, replica by replica: its ``devices``, or the first TP x PP x DP."""
+    replica = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    return list(engine.devices) or list(range(replica * engine.data_parallel_size))
 
 
 def _place_host_engine(name: str, engine: EngineConfig, shape: DecoderShape, gpus: dict[str, GpuBudget]) -> None:
@@ -350,6 +356,8 @@ def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], m
         engine = config.engines[engine_name]
         by_field["learner.device"] = learner_items(config.learner, shapes[engine_name], engine.max_lora_rank,
                                                    engine.max_model_len)
+        if config.learner.process == "spawn":  # a CUDA context of its own beside the serving process's
+            by_field["learner.device"].append(Item("learner process CUDA context", int(config.gpus.cuda_context_gib * GIB)))
     devices = serving_device_fields(config)
     if any(gpu_index(devices[f]) is not None for f in devices if f.startswith("memory.")):
         encoder = read_config(_encoder_dir(config.memory.embedder))
@@ -366,10 +374,25 @@ def _place_serving_process(config: MIAConfig, shapes: dict[str, DecoderShape], m
         if str(gpu) not in gpus:
             raise ConfigError(f"{entries[0][0]}: GPU {gpu} does not exist (gpus.num_gpus = {len(gpus)})")
         items = [i for _, i in entries] + [Item("CUDA context", int(config.gpus.cuda_context_gib * GIB))]
+        _check_learner_headroom(config, gpu, entries)
         field = max(entries, key=lambda e: e[1].num_bytes)[0]  # the biggest user is the one to move
         parts = sorted({_SERVING_PARTS[f] for f, _ in entries})
         gpus[str(gpu)].claims.append(Claim(f"serving process ({', '.join(parts)})", field, items,
                                            sum(i.num_bytes for i in items)))
+
+
+def _check_learner_headroom(config: MIAConfig, gpu: int, entries: list[tuple[str, Item]]) -> None:
+    """With ``learner.checkpoint_layers = -1`` the learner keeps activations in what is free on its GPU less
+    ``checkpoint_headroom_gib``, measured before each micro-batch: the serving process's other parts on that
+    GPU (at their capacities, with its CUDA context) must fit that headroom, since they may grow later."""
+    learner = config.learner
+    if gpu_index(learner.device) != gpu or not learner.gradient_checkpointing or learner.checkpoint_layers >= 0:
+        return
+    others = sum(i.num_bytes for f, i in entries if f != "learner.device") + int(config.gpus.cuda_context_gib * GIB)
+    if others > learner.checkpoint_headroom_gib * GIB:
+        raise ConfigError(f"learner.checkpoint_headroom_gib: {learner.checkpoint_headroom_gib:g} GiB is less than "
+                          f"the {others / GIB:.2f} GiB the serving process's other parts on GPU {gpu} need at their "
+                          "capacities; raise it, or set learner.checkpoint_layers to a fixed number")
 
 
 def _encoder_dir(embedder: EmbedderConfig) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_RANK = 64
 TOKENS_PER_STEP = 32768
 """Tokens in one GRPO step's batch, cut into sequences of ``seq_len`` (8 x 4096, 2 x 16384): steps at
 different lengths take about the same time, and their per-token times compare."""
@@ -27,8 +28,8 @@ def random_stack(folder: Path, shape: dict, device: str) -> tuple[Path, Path]:
         model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)  # never a float32 copy
     model.save_pretrained(folder / "base")
     del model
-    write_lora_adapter(folder / "adapter", shape, rank=64, alpha=128, target_modules=LORA_TARGETS, seed=0,
-                       b_std=0.0, base_model_name=str(folder / "base"))
+    write_lora_adapter(folder / "adapter", shape, rank=LORA_RANK, alpha=2 * LORA_RANK, target_modules=LORA_TARGETS,
+                       seed=0, b_std=0.0, base_model_name=str(folder / "base"))
     return folder / "base", folder / "adapter"
 
 

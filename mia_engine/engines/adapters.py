@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import math
+import os
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from vllm.lora.request import LoRARequest
 
@@ -103,20 +106,50 @@ def read_adapter_config(path: Path, max_rank: int, shown_as: Path | None = None)
 def _check_weights(path: Path, rank: int, shown: Path) -> None:
     """Every tensor finite and of the declared rank: one NaN would poison every request on the role."""
     import torch
-    from safetensors import safe_open
 
     try:
-        with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as weights:
-            for key in weights.keys():
-                tensor = weights.get_tensor(key)
-                if "lora_A" in key and tensor.shape[0] != rank or "lora_B" in key and tensor.shape[-1] != rank:
-                    raise AdapterError(f"{shown}: {key} has shape {tuple(tensor.shape)}, not rank {rank}")
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise AdapterError(f"{shown}: {key} holds non-finite values")
+        for key, tensor in _safetensors_tensors(path / "adapter_model.safetensors"):
+            if "lora_A" in key and tensor.shape[0] != rank or "lora_B" in key and tensor.shape[-1] != rank:
+                raise AdapterError(f"{shown}: {key} has shape {tuple(tensor.shape)}, not rank {rank}")
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise AdapterError(f"{shown}: {key} holds non-finite values")
     except AdapterError:
         raise
     except Exception as err:  # a truncated or foreign file
         raise AdapterError(f"{shown}: unreadable adapter weights: {err}") from None
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+"""The safetensors format's dtype names (those an adapter may hold) as torch's."""
+
+
+def _safetensors_tensors(file: Path) -> Iterator[tuple[str, Any]]:
+    """Each tensor of a safetensors file (an 8-byte little-endian header length, a JSON header of name ->
+    dtype, shape, data offsets, then the data), read one at a time. Not safetensors' own reader: in
+    safetensors 0.8 every ``get_tensor`` leaves two Python objects behind, which the publishes of a
+    long-running server add up, and its whole-file ``load`` holds the GIL for the whole file (the event loop
+    stalls); a file this reader refuses, vLLM's would too (offsets and sizes are checked)."""
+    import torch
+
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > size - 8:
+            raise ValueError(f"header of {header_len} bytes in a file of {size}")
+        header = json.loads(f.read(header_len))
+        base = 8 + header_len
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            dtype = getattr(torch, _SAFETENSORS_DTYPES[info["dtype"]])
+            begin, end = info["data_offsets"]
+            shape = [int(d) for d in info["shape"]]
+            if not 0 <= begin <= end <= size - base or math.prod(shape) * dtype.itemsize != end - begin:
+                raise ValueError(f"{key}: data offsets {begin}..{end} do not hold shape {shape} of {info['dtype']}")
+            f.seek(base + begin)
+            data = bytearray(f.read(end - begin))
+            yield key, (torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)).reshape(shape)
 
 
 class AdapterRegistry:

@@ -28,7 +28,7 @@ from .adapters import AdapterRegistry
 from .client import ModelCard
 from .platforms import Platform, resolve_platform
 from .role_handle import RoleHandle, RoleTarget, UsageObserver
-from .startup import applied_env, process_state_kept, start_groups, use_spawn
+from .startup import applied_env, engine_env, process_state_kept, start_groups, use_spawn
 from .output_parsers import EngineParsers
 from .tool_parsers import check_parser_names
 from .vllm_engine import VLLMEngine
@@ -79,7 +79,8 @@ class RoleServer:
         loop = asyncio.get_running_loop()
         config_lock = threading.Lock()
         check_parser_names(self.config)  # before any engine starts
-        envs = {name: self.platform.spawn_env(engine) for name, engine in self.config.engines.items()}
+        envs = {name: {**engine_env(engine), **self.platform.spawn_env(engine)}
+                for name, engine in self.config.engines.items()}
         for group in start_groups(self.config.engines, envs):
             engines = []
             for name in group:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GRAMMAR_CACHE_ENV = "VLLM_XGRAMMAR_CACHE_MB"
+"""vLLM reads its xgrammar cache bound (MiB) only from the engine core's environment."""
 MULTIPROC_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 """vLLM's engine-core process switch; "0" (``uni`` on a CPU) runs the engine in this process."""
@@ -103,6 +105,12 @@ def _torch_threads() -> int | None:
     """torch's intra-op thread count, where torch is already imported (nothing to keep otherwise)."""
     torch = sys.modules.get("torch")
     return torch.get_num_threads() if torch is not None else None
+
+
+def engine_env(engine: EngineConfig) -> dict[str, str]:
+    """What every engine's spawned processes read from the environment on any platform (the platform's
+    ``spawn_env`` adds its own): the bound on the engine core's compiled-grammar cache."""
+    return {GRAMMAR_CACHE_ENV: str(engine.structured_outputs_cache_mib)}
 
 
 def start_groups(engines: Mapping[str, EngineConfig], envs: Mapping[str, Mapping[str, str]]) -> list[list[str]]:

@@ -31,6 +31,7 @@ from ..config.learner import LearnerConfig
 from .grammar_mask import GrammarReplay
 from .grpo import TokenMask, chunked_token_logprobs, grpo_loss
 from .model import autocast, decoder_and_head, load_peft_model
+from .recompute import Recompute
 from .step_result import StepResult, StepSummary, StepTotals
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class PlannerLearner:
         self._optimizer = self._new_optimizer()
         self._pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         self._vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.recompute = Recompute(self._decoder, config, self._vocab_size,
+                                   sum(p.numel() for p in self._params.values()))
+        """Which layers gradient checkpointing recomputes, chosen before each micro-batch's forward."""
         self._grammar = GrammarReplay(Path(base_dir), self._vocab_size)
         self.version = 0
 
@@ -235,6 +239,8 @@ class PlannerLearner:
     def _token_logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """(b, K-1) log-probs of tokens start+1..T-1 (K = T − start), ``logit_chunk_size`` positions'
         logits at a time (``grpo.chunked_token_logprobs``): the (b, K, V) logits never exist."""
+        if torch.is_grad_enabled():
+            self.recompute.prepare(batch.input_ids.numel())
         with autocast(self.config):
             hidden = self._decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                    use_cache=False).last_hidden_state  # (b, T, H)

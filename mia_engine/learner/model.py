@@ -1,7 +1,8 @@
 """The PEFT model the learner trains: loaded for training (SDPA attention, dropout off, train mode,
-gradient checkpointing, mixed precision without float32 activation copies), and split into the decoder
-and the output embedding so that log-probs are computed a chunk of positions at a time
-(``grpo.chunked_token_logprobs``) instead of from the full logits.
+gradient checkpointing of the layers ``recompute.py`` picks, base weights in ``learner.dtype`` and mixed
+precision without float32 copies of the projections' inputs), and split into the decoder and the output
+embedding so that log-probs are computed a chunk of positions at a time (``grpo.chunked_token_logprobs``)
+instead of from the full logits.
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def load_peft_model(base_dir: Path, adapter_dir: Path, config: LearnerConfig) ->
     model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
     if dtype != torch.float32:  # every forward runs under ``autocast``, which casts for the matmuls
         _keep_adapter_input_dtype(model)
-    if config.gradient_checkpointing:  # non-reentrant: the frozen embeddings' output needs no grad
+    if config.gradient_checkpointing:  # which layers: ``recompute.py``
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant checkpointing reaches the LoRA weights without a gradient on the frozen embeddings'
+        # output, which Hugging Face turns on for reentrant's sake: it would cost the first layer's
+        # q/k/v input gradients, which nothing reads.
+        model.disable_input_require_grads()
     _disable_dropout(model)
     # Train mode (Hugging Face checkpoints only when ``training``), with every dropout at 0 so the
     # learner scores tokens with the same policy vLLM sampled from.

@@ -9,6 +9,13 @@ on the old version, new ones get the new one. An update that is non-finite, or o
 fails, is rejected: the previous version keeps serving and the learner returns to it. An operator's
 adapter published to the role becomes the learner's starting point. Good versions are checkpointed
 under the data dir, so a restart resumes from the latest and ``rollback`` can return to the previous.
+
+The learner runs in a process of its own by default (``learner.process``: ``process.LearnerProcess``),
+or in this one; either way its blocking calls run on a dedicated thread (``supervisor.LearnerSupervisor``),
+and the rest reads the same. A learner process that dies (killed, out of memory) is replaced by a fresh
+one on the version served; an update it died in runs its batch once more on the fresh one, so no
+acknowledged sample is lost. After ``max_restarts`` deaths learning is off; serving goes on either way,
+and ``/health`` reports it (``health.LearningHealth``).
 """
 
 from __future__ import annotations
@@ -19,20 +26,19 @@ import logging
 import shutil
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import torch
 
-from ..devices import thread_binder
 from ..engines.adapters import AdapterError, AdapterRegistry, AdapterVersion
 from .batching import GrammarSpan, GRPOSample
 from .checkpoints import AdapterCheckpoints, prune_published, publish_dir, publish_path, remove_staging
 from ..config.learner import LearnerConfig
-from .learner import PlannerLearner
-from .step_result import StepResult
+from .process import LearnerDied
+from .step_result import StepResult, StepSummary
+from .supervisor import Learner, LearnerSupervisor, where
 from .model import check_trainable_base
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,8 @@ class UpdateReport(msgspec.Struct):
     """The registry version serving after the update."""
     publish_seconds: float
     """Optimizer step end → the new version serves new requests (save + engine load + switch)."""
+    num_learner_restarts: int = 0
+    """Times the learner's process died during this update and a fresh one took over."""
 
 
 class TestTimeLearner:
@@ -64,17 +72,16 @@ class TestTimeLearner:
         self.checkpoints = AdapterCheckpoints(checkpoint_root, config.num_checkpoints_kept)
         self._data_publish_root = Path(checkpoint_root).parent / "published"
         self._publish_root: Path | None = None  # chosen at start, once the adapter's size is known
-        self._learner: PlannerLearner | None = None
-        self._base_dir: Path | None = None
-        self._publish_dtype: torch.dtype | None = None
         self._based_on: Path | None = None
         """The served adapter folder the learner's weights started from (its updates build on it)."""
         self._own_paths: set[Path] = set()
         self._pending: list[list[GRPOSample]] = []
         self._lock = asyncio.Lock()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ttl-learner",
-                                          initializer=thread_binder(config.device, "learning"))
         self._tasks: set[asyncio.Task] = set()
+        self._supervisor = LearnerSupervisor(config, self._lock, self._tasks, lambda: registry.current(role),
+                                         self._after_restart)
+        self.health = self._supervisor.health
+        """The learner's deaths and restarts, for ``/health``."""
         self.on_update = on_update
         """Called with every ``UpdateReport`` (metrics, the ttl command's metrics file)."""
         self.reports: deque[UpdateReport] = deque(maxlen=config.num_reports_kept)
@@ -93,18 +100,34 @@ class TestTimeLearner:
         if current is None:
             raise AdapterError(f"role {self.role!r} has no adapter to learn")
         check_trainable_base(Path(base_dir), quantization)
-        loop = asyncio.get_running_loop()
+        async with self._lock:  # a learner process that dies meanwhile is replaced after the start
+            try:
+                await self._start(current, Path(base_dir), engine_dtype)
+            except BaseException:  # learning is off: no learner (nor its process) is left behind
+                self._supervisor.stop()
+                raise
+
+    async def _start(self, current: AdapterVersion, base_dir: Path, engine_dtype: str) -> None:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        self._base_dir, self._publish_dtype = Path(base_dir), serving_dtype(Path(base_dir), engine_dtype)
-        self._learner = await loop.run_in_executor(self._thread, PlannerLearner, base_dir, current.path,
-                                                   self.config, self._publish_dtype)
-        self._publish_root = publish_dir(self.config, self._data_publish_root, self._learner.adapter_num_bytes)
+        learner = await self._supervisor.start(base_dir, current.path, serving_dtype(base_dir, engine_dtype))
+        self._publish_root = publish_dir(self.config, self._data_publish_root, learner.adapter_num_bytes)
         remove_staging(self._publish_root / self.role)  # what a killed process was writing
-        await loop.run_in_executor(self._thread, self._continue_numbering, current.path, self._served_paths(), 0)
+        await self._supervisor.run(self._continue_numbering, current.path, self._served_paths(), 0)
         self._based_on = current.path
-        log.info("test-time learner ready on %s (%s, lr %g, batch %d groups, v%d, publishing to %s)", self.role,
-                 self.config.device, self.config.lr, self.config.batch_size, self._learner.version, self._publish_root)
+        log.info("test-time learner ready on %s (%s, %s, lr %g, batch %d groups, v%d, publishing to %s)", self.role,
+                 self.config.device, where(learner), self.config.lr, self.config.batch_size, learner.version,
+                 self._publish_root)
+
+    async def _after_restart(self, served: AdapterVersion) -> None:
+        """A fresh learner runs on ``served``: an operator's adapter not adopted yet is checkpointed as
+        ``_adopt`` does; what the dead learner was writing goes."""
+        if served.path != self._based_on:
+            await self._supervisor.run(self._continue_numbering, served.path, self._served_paths(),
+                                   self._supervisor.learner.version + 1)
+        self._based_on = served.path
+        if self._publish_root is not None:
+            remove_staging(self._publish_root / self.role)
 
     def _continue_numbering(self, served: Path, protected: set[Path], at_least: int) -> None:
         """Versions continue from the checkpoints on disk; a served adapter that is not the latest good
@@ -123,18 +146,26 @@ class TestTimeLearner:
         return {v.path for v in self.registry.versions() if v.role == self.role}
 
     @property
+    def _learner(self) -> Learner | None:
+        return self._supervisor.learner
+
+    @property
     def is_ready(self) -> bool:
         return self._learner is not None
 
     @property
-    def planner_learner(self) -> PlannerLearner | None:
+    def planner_learner(self) -> Learner | None:
         """The trainable copy of the Planner (None until started, or once learning is off), for diagnostics
-        that score samples under its weights (``PlannerLearner.token_logprobs``)."""
+        that score samples under its weights (``token_logprobs``; blocking calls: make them on the thread
+        that runs ``step``, as a wrapper of ``step`` does)."""
         return self._learner
 
     async def submit(self, group: list[GRPOSample]) -> None:
         """Queue one question's rollouts; a full batch starts an update in the background, after waiting
-        while ``max_queued_updates`` are already queued (the backlog stays bounded)."""
+        while ``max_queued_updates`` are already queued (the backlog stays bounded). Once learning is off
+        after a failure (``health``), the groups are not kept."""
+        if self.health.is_off:
+            return
         self._pending.append(group)
         if len(self._pending) < self.config.batch_size:
             return
@@ -147,7 +178,7 @@ class TestTimeLearner:
 
     async def flush(self) -> None:
         """Update on a partial batch too, and wait for every update in flight (end of a TTL epoch)."""
-        if self._pending:
+        if self._pending and not self.health.is_off:
             batch, self._pending = self._pending, []
             await self.update([s for g in batch for s in g])
         if self._tasks:
@@ -158,17 +189,32 @@ class TestTimeLearner:
         if self._learner is None:
             raise AdapterError("the test-time learner is not loaded")
         async with self._lock:
-            loop = asyncio.get_running_loop()
-            step = await loop.run_in_executor(self._thread, self._learner.step, samples, self._live_version())
-            report = await self._publish(step) if step.is_accepted else UpdateReport(
-                step, False, step.reason, self._live_version(), 0.0)
+            num_restarts = self.health.num_restarts
+            report = await self._update(samples)
+            report.num_learner_restarts = self.health.num_restarts - num_restarts
         self._record(report)
         return report
+
+    async def _update(self, samples: list[GRPOSample]) -> UpdateReport:
+        """Step, then publish; a learner that dies on the way is replaced (``LearnerSupervisor``) and the batch
+        runs once more on the fresh one: the samples were acknowledged to their requests."""
+        failure = "test-time learning is off"
+        for _ in range(2):
+            if self._learner is None:
+                break
+            try:
+                step = await self._supervisor.call("step", samples, self._live_version(), retry=False)
+                return await self._publish(step) if step.is_accepted else UpdateReport(
+                    step, False, step.reason, self._live_version(), 0.0)
+            except LearnerDied as err:
+                failure = f"{err}; " + ("learning is off" if self._learner is None else "it died on this batch twice")
+        version = self._learner.version if self._learner is not None else self.checkpoints.latest_version() or 0
+        return UpdateReport(StepSummary(torch.zeros(0), time.perf_counter()).rejected(failure, version), False,
+                            failure, self._live_version(), 0.0)
 
     async def _publish(self, step: StepResult) -> UpdateReport:
         """Save, load into the engine, switch; on any failure the learner goes back to what is served."""
         assert self._learner is not None and self._publish_root is not None
-        loop = asyncio.get_running_loop()
         start = time.perf_counter()
         served = self.registry.current(self.role)
         if served is not None and served.path != self._based_on:  # an operator published meanwhile
@@ -177,14 +223,16 @@ class TestTimeLearner:
                                 "continues from it", self._live_version(), time.perf_counter() - start)
         try:
             path = publish_path(self._publish_root, self.role, step.version)
-            await loop.run_in_executor(self._thread, self._learner.save_adapter, path)
+            await self._supervisor.call("save_adapter", path, retry=False)  # a fresh learner lacks the step
             version = await self._publish_own(path)
+        except LearnerDied:  # replaced already: the update runs the batch again on the fresh learner
+            raise
         except Exception as err:  # a full disk, a refused adapter, an engine error: nothing may drift
             reason = f"publishing failed ({type(err).__name__}: {err}); " + await self._back_to(served)
             return UpdateReport(step, False, reason, self._live_version(), time.perf_counter() - start)
         seconds = time.perf_counter() - start
         try:
-            await loop.run_in_executor(self._thread, self._checkpoint, step.version, path, self._served_paths())
+            await self._supervisor.run(self._checkpoint, step.version, path, self._served_paths())
         except Exception as err:  # serving and learner agree; only the durable copy is missing
             log.error("checkpoint of %s v%d failed (%s): serving it without a durable copy", self.role,
                       step.version, err)
@@ -205,11 +253,12 @@ class TestTimeLearner:
         if served is None:
             return "nothing is served to return to"
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._learner.load_adapter_weights, served.path)
+            await self._supervisor.call("load_adapter_weights", served.path)
         except Exception as err:
-            self._learner = None
-            log.error("the learner cannot return to %s (%s): test-time learning is off", served.path, err)
+            log.error("the learner cannot return to %s (%s)", served.path, err)
+            if self._learner is not None:
+                await self._supervisor.turn_off(
+                    f"the learner could not return to the served version ({type(err).__name__})")
             return f"the learner could not return to the served version ({err}); learning is off"
         self._based_on = served.path
         return f"the learner is back on the served version {self.role}@v{served.version}"
@@ -235,17 +284,13 @@ class TestTimeLearner:
     async def _adopt(self, path: Path) -> None:
         """Continue learning from ``path`` (served now), checkpointed as the next version."""
         assert self._learner is not None
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._thread, self._learner.load_adapter_weights, path)
+            await self._supervisor.call("load_adapter_weights", path)
         except ValueError:  # another rank or other target modules: a learner built on it
-            version = self._learner.version
-            self._learner = await loop.run_in_executor(self._thread, PlannerLearner, self._base_dir, path,
-                                                       self.config, self._publish_dtype)
-            self._learner.version = version
+            await self._supervisor.rebuild(path)
+        assert self._learner is not None
         self._based_on = path
-        await loop.run_in_executor(self._thread, self._continue_numbering, path, self._served_paths(),
-                                   self._learner.version + 1)
+        await self._supervisor.run(self._continue_numbering, path, self._served_paths(), self._learner.version + 1)
         log.info("the learner continues from the operator's adapter %s (v%d)", path, self._learner.version)
 
     async def rollback(self) -> int:
@@ -257,9 +302,8 @@ class TestTimeLearner:
             previous = self.checkpoints.previous(latest) if latest is not None else None
             if previous is None:
                 raise AdapterError("no earlier adapter version to roll back to")
-            loop = asyncio.get_running_loop()
             served = self.registry.current(self.role)
-            await loop.run_in_executor(self._thread, self._learner.load_adapter_weights, previous)
+            await self._supervisor.call("load_adapter_weights", previous)
             try:
                 version = await self._publish_own(previous)
             except Exception:
@@ -292,9 +336,10 @@ class TestTimeLearner:
             self.on_update(report)
 
     def close(self) -> None:
+        """Cancel the updates and stop the learner (its process too)."""
         for task in self._tasks:
             task.cancel()
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._supervisor.close()
 
 
 def serving_dtype(base_dir: Path, engine_dtype: str) -> torch.dtype:

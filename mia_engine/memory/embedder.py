@@ -2,7 +2,9 @@
 
 Encoding runs on one dedicated thread: the event loop never blocks on a forward pass, and
 requests that arrive while a pass runs (or within ``batch_wait_ms``) are merged into the next
-one, so 32 concurrent adds cost a few forward passes instead of 32. The model is loaded on that
+one, so 32 concurrent adds cost a few forward passes instead of 32. A long list is encoded as jobs of
+``max_texts_per_job`` texts, each queued once the one before is done, so a retrieval that arrives meanwhile
+runs after the current job instead of after the whole list. The model is loaded on that
 thread too, which fixes the thread's torch thread count before anything else in the process (the
 learner's budget) lowers it.
 """
@@ -88,7 +90,9 @@ class Embedder:
         """Why that dtype: the config, the hardware, or the rates measured at start."""
         self._model: Any = None
         self._dim = 0
-        self._queue: queue.Queue[_Request | None] = queue.Queue(maxsize=config.max_queued_requests)
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        """Bounded by ``_submit`` (``max_queued_requests`` new requests), not by ``maxsize``: a request's later
+        jobs are never refused, and each request has at most one job queued."""
         self._loaded: Future[None] = Future()
         self._closed = False
         """Set by ``close`` (under ``_closing``): no request is queued behind the worker's stop mark."""
@@ -110,11 +114,18 @@ class Embedder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(n, d) float32, unit rows; blocking (for scripts and tests, not for the event loop)."""
-        return self._submit(texts).result()
+        parts: list[np.ndarray] = []
+        for job in self._jobs(texts):
+            parts.append(self._submit(job, is_first=not parts).result())
+        return self._joined(parts)
 
     async def encode_async(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, d) float32, unit rows; awaits the encoder thread."""
-        return await asyncio.wrap_future(self._submit(texts))
+        """(n, d) float32, unit rows; awaits the encoder thread, one job of ``max_texts_per_job`` texts at a
+        time (cancelling it cancels the jobs not yet run)."""
+        parts: list[np.ndarray] = []
+        for job in self._jobs(texts):
+            parts.append(await asyncio.wrap_future(self._submit(job, is_first=not parts)))
+        return self._joined(parts)
 
     def close(self) -> None:
         """Stop the encoder thread after the requests already queued; later ones fail at once (a blocked
@@ -127,20 +138,28 @@ class Embedder:
                 self._queue.put(None)
         self._worker.join()
 
-    def _submit(self, texts: Sequence[str]) -> Future[np.ndarray]:
-        request = _Request(list(texts))
-        if not request.texts:
-            request.future.set_result(np.zeros((0, self._dim), dtype=np.float32))
-            return request.future
+    def _jobs(self, texts: Sequence[str]) -> list[list[str]]:
+        size = self._config.max_texts_per_job
+        return [list(texts[start : start + size]) for start in range(0, len(texts), size)]
+
+    def _joined(self, parts: list[np.ndarray]) -> np.ndarray:
+        """(n, d): the jobs' rows in order."""
+        if not parts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _submit(self, texts: list[str], is_first: bool) -> Future[np.ndarray]:
+        """Queue one job; ``is_first``: a request's first, refused when ``max_queued_requests`` wait (a later
+        one never is: its request was admitted, and has no other job queued)."""
+        request = _Request(texts)
         with self._closing:
             if self._closed or not self._worker.is_alive():
                 request.future.set_exception(RuntimeError("the embedder is closed"))
-                return request.future
-            try:
-                self._queue.put_nowait(request)
-            except queue.Full:  # a bounded queue: an overload is refused at once, never buffered
-                request.future.set_exception(EncoderBusy(
+            elif is_first and self._queue.qsize() >= self._config.max_queued_requests:
+                request.future.set_exception(EncoderBusy(  # an overload is refused at once, never buffered
                     f"the sentence encoder has {self._config.max_queued_requests} requests queued; retry shortly"))
+            else:
+                self._queue.put_nowait(request)
         return request.future
 
     def _load(self) -> None:

@@ -11,10 +11,14 @@ the CPU and on the GPU alike (GPU flat indexes have no ``remove_ids``, so compac
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable
 
 import faiss
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 MAX_NUM_REMOVED_ROWS = 1024
 """Dead rows an index keeps before it compacts (per index): a search asks FAISS for k + this many
@@ -43,6 +47,16 @@ class GpuPlacement:
         # serving priority, in order with the score kernel, instead of the GPU's shared default stream.
         stream = torch.cuda.current_stream(device)
         self.resources.setDefaultStream(device, faiss.cast_integer_to_cudastream_t(stream.cuda_stream))
+
+
+def set_faiss_threads(num_threads: int = 0) -> int:
+    """FAISS's OpenMP threads on the calling thread (``memory.faiss_threads``; 0 = the CPUs it may run on);
+    the count set. OpenMP keeps the count per thread, so the store's thread calls this itself."""
+    count = num_threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    faiss.omp_set_num_threads(count)
+    logger.info("memory: FAISS searches use %d OpenMP thread%s (memory.faiss_threads = %d)",
+                count, "" if count == 1 else "s", num_threads)
+    return count
 
 
 def gpu_resources(index_device: str = "cpu") -> GpuPlacement | None:

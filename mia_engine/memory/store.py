@@ -42,7 +42,7 @@ from .entries import (
     StoredRecord,
 )
 from .import_chunks import import_changes
-from .index import gpu_resources
+from .index import gpu_resources, set_faiss_threads
 from .journal import Change, CountUpdate, Journal
 from .recovery import recover
 from .retrieval import SearchQuery, search_many
@@ -74,6 +74,7 @@ class ExperienceStore:
         self._score_fn = score_fn
         device = score_device(config.score_device)
         self._blas_cap = blas_thread_cap(config.score_cpu_threads if device.type == "cpu" else 0)
+        set_faiss_threads(config.faiss_threads)  # on the store's thread: OpenMP's count is per thread
         self._contents = StoreContents(dim, device, gpu_resources(config.index_device))
         self._snapshot_retry_at = -math.inf
         """Clock time before which no periodic snapshot is tried (set after a failure)."""

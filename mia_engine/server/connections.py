@@ -11,6 +11,10 @@ address only. Between requests a keep-alive connection is uvicorn's (``server.ke
 
 ``trusted_proxies`` is the other half of who a client is: uvicorn believes ``X-Forwarded-For`` only from
 the proxies the config names, and only with ``server.proxy_headers``.
+
+What operators see: ``ConnectionLimits`` counts open connections, refusals by cap and late-header closes in
+plain integers on the event loop (no lock per event), which ``Metrics.watch_connections`` reads at each scrape
+(``mia_connections_open``, ``mia_connections_refused_total{reason}``, ``mia_connections_header_timeouts_total``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ once, then one line of counts), so a flood cannot flood the log too."""
 RESERVED_FILES = 1024
 """Open files the serving process keeps besides its connections (logs, journal, model files, engine pipes):
 the open-files limit must hold ``max_connections`` plus these."""
+
+REFUSAL_REASONS = {"max_connections": "total_cap", "max_connections_per_client": "per_client_cap"}
+"""The ``reason`` label of ``mia_connections_refused_total`` for each cap (a field of ``server.connections``)."""
 
 Peer = tuple[str, int] | None
 """A connection's remote (host, port); None where unknown (a Unix socket)."""
@@ -119,6 +126,10 @@ class ConnectionLimits:
         self.max_connections = max_connections
         """``config.max_connections``, or less where the open-files limit could not be raised to it."""
         self.num_open = 0
+        self.num_refused = dict.fromkeys(REFUSAL_REASONS.values(), 0)
+        """Connections refused at accept since the start, by ``REFUSAL_REASONS`` label."""
+        self.num_late_headers = 0
+        """Connections closed since the start because their request's line and headers were late."""
         self._by_client: dict[str, int] = {}
         per_client = config.max_connections_per_client
         self._refusals = {
@@ -161,9 +172,11 @@ class ConnectionLimits:
             self._by_client[key] = left
 
     def note_late_headers(self, peer: Peer) -> None:
+        self.num_late_headers += 1
         self._logs["header_timeout_s"].note(peer)
 
     def _refuse(self, cap: str, peer: Peer) -> bytes:
+        self.num_refused[REFUSAL_REASONS[cap]] += 1
         self._logs[cap].note(peer)
         return self._refusals[cap]
 
@@ -256,10 +269,12 @@ def fit_open_files_limit(max_connections: int) -> int:
     return fitted
 
 
-def http_protocol(server: ServerConfig) -> Callable[..., HttpToolsProtocol]:
+def http_protocol(server: ServerConfig, watch: Callable[[ConnectionLimits], None]) -> Callable[..., HttpToolsProtocol]:
     """uvicorn's ``http=`` for ``server``: a factory of ``LimitedHttpToolsProtocol`` sharing one
-    ``ConnectionLimits`` (no module state: each server made from it has its own counts)."""
+    ``ConnectionLimits`` (no module state: each server made from it has its own counts), handed to ``watch``
+    (``Metrics.watch_connections``, which exports its counts)."""
     limits = ConnectionLimits(server.connections, ProxyTrust(server),
                               fit_open_files_limit(server.connections.max_connections),
                               server.admission.retry_after_s)
+    watch(limits)
     return functools.partial(LimitedHttpToolsProtocol, limits=limits)

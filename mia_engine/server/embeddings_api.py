@@ -2,7 +2,10 @@
 endpoint, under the model id ``embedding`` or the encoder's folder name.
 
 Vectors are the encoder's own: L2-normalised mean-pooled sentence embeddings, one per input text, computed on
-the encoder's thread (never on the event loop) and batched with the memory's own encodes. ``dimensions``
+the encoder's thread (never on the event loop) and batched with the memory's own encodes. The encoder takes a
+request's texts as jobs of ``memory.embedder.max_texts_per_job``, one after another, so the agent's retrieval
+runs between them rather than after all 2,048 (``memory/embedder.py``); the reply is the jobs' rows in
+order. ``dimensions``
 is accepted only when it equals the encoder's (a sentence encoder cannot shorten its vectors faithfully).
 The texts are bounded in number and in characters (``server.limits``) before any is read, and a request
 holds a slot of the model ``embedding`` (``server.admission.max_concurrent_per_model``) while it encodes, so
@@ -116,7 +119,7 @@ class EmbeddingHandlers:
         async with self._admission.slot(f"model:{EMBEDDING_MODEL}", self._config.admission.max_concurrent_per_model,
                                   param="model", request=request):
             try:
-                vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread
+                vectors = await encoder.encode_async(texts)  # (n, d) float32 on the encoder's thread, job by job
             except EncoderBusy as err:
                 raise TooManyRequests(str(err), retry_after_s=self._config.admission.retry_after_s) from None
             num_tokens = await self._count_tokens(encoder, texts)

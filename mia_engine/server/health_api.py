@@ -3,12 +3,14 @@
 
 ``/health`` answers 503 until every component (the engines, and e.g. the memory store and the agent, which
 start behind the listening server) is ready, naming each one still starting with its public progress.
+Once ready, a component with something to report adds an entry under its code (``health_entry()``: the
+test-time learner's restarts, ``learner/health.py``), which never turns the answer unhealthy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -50,7 +52,13 @@ class HealthHandlers:
         if waiting:
             raise Unavailable("; ".join(waiting_line(code, component) for code, component in waiting),
                               code=waiting[0][0])
-        return json_response({"status": "ok"})
+        body: dict[str, Any] = {"status": "ok"}
+        for code, component in self._components:
+            entry = getattr(type(component), "health_entry", None)  # on the class, as ``progress``
+            value = entry(component) if callable(entry) else None
+            if value is not None:
+                body[code] = value
+        return json_response(body)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(self._metrics.render(), media_type=self._metrics.content_type)

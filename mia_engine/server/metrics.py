@@ -16,6 +16,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 
 if TYPE_CHECKING:
     from .admission import Admission
+    from .connections import ConnectionLimits
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -116,6 +117,10 @@ class Metrics:
         self._admission_collector = AdmissionCollector(admission)
         self.registry.register(self._admission_collector)
 
+    def watch_connections(self, limits: ConnectionLimits) -> None:
+        """Export ``limits``' counts (open connections, refusals by cap, late-header closes) at each scrape."""
+        self.registry.register(ConnectionsCollector(limits))
+
     def watch_engines(self, engines: Mapping[str, Any]) -> None:
         """Export vLLM's own ``vllm:*`` series of every engine in ``engines`` (read at each scrape, so engines
         that come up later count; each has a ``metrics_registry``)."""
@@ -205,6 +210,29 @@ class AdmissionCollector:
                 for reason, count in stats.num_rejected.items():
                     rejected.add_metric([key, reason], count)
         yield from (queued, running, wait, rejected)
+
+
+class ConnectionsCollector:
+    """The server's connections under ``server.connections`` (``connections.ConnectionLimits``), counted in plain
+    integers on the event loop as each connection opens, is refused or closed, and read at scrape time."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self._limits = limits
+
+    def collect(self) -> Iterator[Metric]:
+        limits = self._limits
+        yield GaugeMetricFamily("mia_connections_open", "HTTP connections open now, refused ones not counted "
+                                "(server.connections.max_connections caps them)", value=limits.num_open)
+        refused = CounterMetricFamily("mia_connections_refused", "Connections answered 503 too_many_connections "
+                                      "as they were accepted, by the cap that refused them: total_cap "
+                                      "(server.connections.max_connections) or per_client_cap "
+                                      "(max_connections_per_client)", labels=["reason"])
+        for reason, count in limits.num_refused.items():
+            refused.add_metric([reason], count)
+        yield refused
+        yield CounterMetricFamily("mia_connections_header_timeouts", "Connections closed because a request's line "
+                                  "and headers took over server.connections.header_timeout_s",
+                                  value=limits.num_late_headers)
 
 
 def add_process_collectors(registry: CollectorRegistry) -> None:

@@ -5,16 +5,19 @@ A bad call (unknown tool, wrong arguments, a tool that is off) is part of a traj
 error of the engine: it becomes an unsuccessful ``Observation`` whose text tells the Executor what
 was wrong, and the Executor's offline reward counts it against the call. A tool that fails says only
 its name and the error's class: observations reach clients (traces, streamed progress) and memory, so
-the error's own text, which may name server paths or URLs, goes to the server log alone.
+the error's own text, which may name server paths or URLs, goes to the server log alone, in one line
+escaped and bounded (it may quote the model's arguments).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from typing import Any
 
 from . import ToolUnavailable
+from ..base.log_text import MAX_LOGGED_NAME_CHARS, printable
 from .calls import Observation, ToolCall, truncate_words
 from ..config.tools import ToolsConfig
 from .image import ImageSearch, render_hits
@@ -72,7 +75,7 @@ class Tools:
         except ToolUnavailable as err:
             return _failed(call.name, f"Error: {err}")
         except Exception as err:  # noqa: BLE001 - a tool bug must not end the rollout
-            log.warning("tool %r failed: %s: %s", call.name, type(err).__name__, err, exc_info=True)
+            _log_failure(call.name, err)
             return _failed(call.name, f"Error: tool {call.name!r} failed ({type(err).__name__}); "
                                       "the details are in the server log.")
 
@@ -125,6 +128,17 @@ def query_list(arguments: dict[str, Any], max_queries: int) -> tuple[list[str], 
 def _function(name: str, description: str, properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": list(properties)}}}
+
+
+def _log_failure(tool: str, err: Exception) -> None:
+    """One bounded line (the error's text, which may quote the model's arguments, escaped and cut; where it
+    was raised); the traceback's frames, without that text, at debug level."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    log.warning("tool '%s' failed%s: %s: %s", printable(tool, MAX_LOGGED_NAME_CHARS), where, type(err).__name__,
+                printable(str(err)))
+    log.debug("tool '%s' failure, traceback:\n%s", printable(tool, MAX_LOGGED_NAME_CHARS),
+              "".join(frames.format()).rstrip())
 
 
 def _failed(tool: str, text: str) -> Observation:

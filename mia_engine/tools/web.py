@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import ToolUnavailable
+from ..base.log_text import printable
 from ..config.tools import ToolsConfig
 from .corpus import Passage
 
@@ -54,7 +55,7 @@ class WebSearch:
             response.raise_for_status()
             body = response.json()
         except Exception as err:  # network, HTTP status or JSON: one clear message for the Executor
-            log.warning("web search at tools.serper_url failed: %s: %s", type(err).__name__, err)
+            log.warning("web search at tools.serper_url failed: %s: %s", type(err).__name__, printable(str(err)))
             raise ToolUnavailable(f"web search failed for {query!r}: {short_reason(err)}") from None
         return organic_passages(body, top_k)
 

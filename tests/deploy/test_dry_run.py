@@ -106,6 +106,10 @@ def test_8xgpu_learner_gpu_budget_by_hand() -> None:
     assert on_gpu["FAISS index (100000 memories, 100000 Meta Plan pairs, 41 x 1024 removed rows)"] == (
         (2 * 100_000 + 41 * 1024) * (384 + 1) * 4)  # key + norm per row; 41 indexes (see the FAISS test below)
     assert items["score key matrices"] == 2 * 100_000 * 384 * 4
+    # the learner in a process of its own (learner.process = "spawn") has a CUDA context of its own
+    assert items["learner process CUDA context"] == items["CUDA context"]
+    threaded = _items(_plan(**{"learner.process": "thread"}).gpus[7], "serving process")
+    assert "learner process CUDA context" not in threaded
     assert gpu7.used_bytes < gpu7.capacity_bytes
     assert 28 * GIB < gpu7.used_bytes < 33 * GIB
 
@@ -136,6 +140,8 @@ def test_32b_manager_split_over_two_gpus() -> None:
     ({"learner.device": "cuda:0"}, "learner.device: GPU 0 is over-committed"),
     ({"learner.micro_batch_size": 8}, "learner.device: GPU 7 is over-committed"),  # 8 x 16k tokens
     ({"engines.qwen3-8b.gpu_memory_utilization": 0.2}, "engines.qwen3-8b.gpu_memory_utilization:"),
+    # the learner keeps activations in all but 1 GiB of GPU 7; encoder, score matrices and context need 1.5
+    ({"learner.checkpoint_headroom_gib": 1.0}, "learner.checkpoint_headroom_gib: 1 GiB is less than the 1.50 GiB"),
     ({"engines.qwen3-32b.devices": [5, 9]}, "engines.qwen3-32b.devices: GPU 9 does not exist"),
     ({"engines.qwen3-32b.executor_backend": "ray", "engines.qwen3-32b.devices": [],
       "engines.qwen3-32b.tensor_parallel_size": 16}, "engines.qwen3-32b.tensor_parallel_size:"),

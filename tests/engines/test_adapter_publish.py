@@ -72,3 +72,27 @@ async def test_a_refused_adapter_is_still_refused(qwen3_8b_adapter: Path) -> Non
     registry = AdapterRegistry()
     with pytest.raises(AdapterError, match="rank 64 is not in 1..8"):
         await registry.register("planner", type("Small", (_Host,), {"max_lora_rank": 8})(), qwen3_8b_adapter)
+
+
+def test_checking_an_adapter_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Each publish reads every tensor of the adapter; a long-running server publishes thousands of versions,
+    so a check may not leave objects behind (safetensors' ``get_tensor`` leaves two per tensor)."""
+    import gc
+    import tracemalloc
+
+    from mia_engine.engines.adapters import check_adapter_dir
+
+    adapter = init_adapter(QWEN3_8B, tmp_path / "r8", rank=8, target_modules=("q_proj",))
+    for _ in range(5):
+        check_adapter_dir(adapter, 8)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            check_adapter_dir(adapter, 8)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 16 * 1024, f"100 checks of {adapter.name} left {grown} bytes behind"

@@ -15,8 +15,8 @@ from mia_engine.config import EngineConfig, MIAConfig, load_config
 from mia_engine.engines.platforms import resolve_platform
 from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, TCMALLOC_NAMES
-from mia_engine.engines.startup import (MULTIPROC_METHOD_ENV, cuda_components, replica_for, start_groups,
-                                        use_spawn)
+from mia_engine.engines.startup import (GRAMMAR_CACHE_ENV, MULTIPROC_METHOD_ENV, cuda_components, engine_env,
+                                        replica_for, start_groups, use_spawn)
 from mia_engine.engines.vllm_engine import VLLMEngine
 from mia_engine.services import Services
 
@@ -32,7 +32,7 @@ def test_use_spawn_sets_and_overrides_fork() -> None:
 
 def spawn_env(config: MIAConfig, name: str) -> dict[str, str]:
     """Engine ``name``'s spawn environment on this machine's platform, as the role server asks for it."""
-    return resolve_platform(config.cpu).spawn_env(config.engines[name])
+    return {**engine_env(config.engines[name]), **resolve_platform(config.cpu).spawn_env(config.engines[name])}
 
 
 def test_the_role_server_makes_vllm_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,8 +60,10 @@ def test_the_kv_block_size_reaches_vllm_only_when_set(tmp_path: Path) -> None:
 
 
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
-    config = load_config("tiny", {"engines.tiny.cpu.kv_cache_space_gib": 3.0, "cpu.onednn_cache_capacity": 64})
+    config = load_config("tiny", {"engines.tiny.cpu.kv_cache_space_gib": 3.0, "cpu.onednn_cache_capacity": 64,
+                                  "engines.tiny.structured_outputs_cache_mib": 24})
     env = spawn_env(config, "tiny")
+    assert env[GRAMMAR_CACHE_ENV] == "24"  # read by vLLM's engine core only (on every platform)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == env["LRU_CACHE_CAPACITY"] == "64"  # oneDNN's and torch's
 
@@ -105,7 +107,8 @@ def _engine_processes(server) -> list[psutil.Process]:
 def test_8xgpu_engines_start_together_cpu_engines_one_by_one() -> None:
     config = load_config(str(Path(__file__).parents[2] / "configs" / "8xgpu.toml"))
     gpu = config.engines
-    assert start_groups(gpu, {name: spawn_env(config, name) for name in gpu}) == [list(gpu)]  # distinct GPUs
+    # distinct GPUs; a GPU platform adds nothing to the environment every engine gets
+    assert start_groups(gpu, {name: engine_env(gpu[name]) for name in gpu}) == [list(gpu)]
     cpu = {"a": EngineConfig(model="x"), "b": EngineConfig(model="y")}
     assert start_groups(cpu, {"a": {}, "b": {}}) == [["a"], ["b"]]  # no devices: the default set, one at a time
 

@@ -1,7 +1,8 @@
 """Connection-level bounds of the real server (``server/connections.py``): sockets that never finish their
 headers are closed at the header deadline, one address cannot hold more than its connections (and other
 addresses keep connecting), the server holds no more than its total, and ``X-Forwarded-For`` is believed
-only from the proxies the config names, never by default.
+only from the proxies the config names, never by default. ``/metrics`` counts each refusal and late close,
+and its gauge of open connections returns to where it was once a test's sockets are closed.
 
 The servers are tested as soon as they listen: these bounds sit below the app, so the engines need not be
 ready (their start runs meanwhile, and is cut short when the servers stop)."""
@@ -23,7 +24,7 @@ import pytest
 from mia_engine.config import ConfigError, load_config
 from mia_engine.config.server import ConnectionsConfig, ServerConfig
 from mia_engine.server.connections import ConnectionLimits, ProxyTrust
-from tests.conftest import ServerHandle, _stop_in_background, start_server
+from tests.conftest import ServerHandle, _stop_in_background, scrape_metrics, start_server
 
 HEADER_TIMEOUT_S = 1.0
 PER_CLIENT = 4
@@ -73,6 +74,28 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     finally:
         for server in launched.values():
             _stop_in_background(server)
+
+
+def _metric(server: ServerHandle, name: str, **labels: str) -> float:
+    """One sample of the server's ``/metrics`` (its own scrape's connection is open meanwhile, and counted)."""
+    return next(sample.value for sample in scrape_metrics(server)
+                if sample.name == name and labels.items() <= sample.labels.items())
+
+
+def _connection_counts(server: ServerHandle) -> dict[str, float]:
+    return {"open": _metric(server, "mia_connections_open"),
+            "late": _metric(server, "mia_connections_header_timeouts_total"),
+            "total_cap": _metric(server, "mia_connections_refused_total", reason="total_cap"),
+            "per_client_cap": _metric(server, "mia_connections_refused_total", reason="per_client_cap")}
+
+
+def _moved(server: ServerHandle, before: dict[str, float]) -> dict[str, float]:
+    """How far each count moved since ``before``, once the open connections are back to ``before``'s (the
+    server counts a connection out as its FIN arrives)."""
+    deadline = time.monotonic() + 10
+    while (now := _connection_counts(server))["open"] != before["open"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {name: now[name] - before[name] for name in now}
 
 
 def _connect(server: ServerHandle, source: str) -> socket.socket:
@@ -143,6 +166,7 @@ def _seconds_until_closed(sock: socket.socket, opened: float, trickle: bytes = b
 def test_connections_whose_headers_stall_or_trickle_are_closed_at_the_deadline(servers) -> None:
     """Each from an address of its own (the per-client cap is not what closes them)."""
     server = servers["limited"]
+    before = _connection_counts(server)
     host = server.base_url.removeprefix("http://")
     cases = {"silent": b"", "partial line": b"GET /vers",
              "partial headers": f"GET /version HTTP/1.1\r\nHost: {host}\r\n".encode()}
@@ -167,6 +191,7 @@ def test_connections_whose_headers_stall_or_trickle_are_closed_at_the_deadline(s
             if not HEADER_TIMEOUT_S - 0.1 <= s <= HEADER_TIMEOUT_S + SLACK_S}
     assert not late, f"closed outside the {HEADER_TIMEOUT_S} s deadline: {late}"
     assert "server.connections.header_timeout_s" in server.log_path.read_text()
+    assert _moved(server, before) == {"open": 0, "late": len(closed), "total_cap": 0, "per_client_cap": 0}
 
 
 def _held(server: ServerHandle, source: str, count: int) -> list[socket.socket]:
@@ -187,8 +212,10 @@ def _close_all(sockets: list[socket.socket]) -> None:
 
 def test_one_address_is_refused_past_its_connections_while_others_connect(servers) -> None:
     server = servers["limited"]
+    before = _connection_counts(server)
     held = _held(server, "127.0.0.3", PER_CLIENT)
     try:
+        assert _connection_counts(server)["open"] == before["open"] + PER_CLIENT
         with _connect(server, "127.0.0.3") as over:
             error = _refusal(over)
         assert error["code"] == "too_many_connections" and "max_connections_per_client" in error["message"], error
@@ -199,10 +226,12 @@ def test_one_address_is_refused_past_its_connections_while_others_connect(server
     with _connect(server, "127.0.0.3") as again:  # its closed connections count no more
         assert _status(_request(again, server)) == 200
     assert "server.connections.max_connections_per_client" in server.log_path.read_text()
+    assert _moved(server, before) == {"open": 0, "late": 0, "total_cap": 0, "per_client_cap": 1}
 
 
 def test_the_server_refuses_connections_past_its_total(servers) -> None:
     server = servers["limited"]
+    before = _connection_counts(server)
     sources = [f"127.0.1.{i}" for i in range(MAX_CONNECTIONS // PER_CLIENT)]
     held = [sock for source in sources for sock in _held(server, source, PER_CLIENT)]
     try:
@@ -213,6 +242,7 @@ def test_the_server_refuses_connections_past_its_total(servers) -> None:
         _close_all(held)
     with _connect(server, "127.0.2.1") as again:
         assert _status(_request(again, server)) == 200
+    assert _moved(server, before) == {"open": 0, "late": 0, "total_cap": 1, "per_client_cap": 0}
 
 
 def _logged_client(server: ServerHandle, source: str, forwarded_for: str) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+
 import httpx
 import numpy as np
 import pytest
@@ -25,6 +28,14 @@ def encoder() -> Embedder:
 def _post(server: ServerHandle, body: dict) -> httpx.Response:
     return httpx.post(f"{server.openai_url}/embeddings", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {server.api_key}"})
+
+
+def _vectors(server: ServerHandle, texts: list[str]) -> np.ndarray:
+    """(n, d) the server's vectors for ``texts``, exactly as sent (base64 of float32)."""
+    response = _post(server, {"model": "embedding", "input": texts, "encoding_format": "base64"})
+    assert response.status_code == 200, response.text
+    return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+                     for item in response.json()["data"]])
 
 
 def test_embeddings_equal_the_encoder(openai_client: OpenAI, encoder: Embedder) -> None:
@@ -95,3 +106,30 @@ def test_a_request_holds_a_slot_of_the_encoder(tiny_server: ServerHandle) -> Non
     before = admitted()
     assert _post(tiny_server, {"model": "embedding", "input": TEXTS}).status_code == 200
     assert admitted() == before + 1
+
+
+def test_a_long_list_is_the_replies_of_its_jobs_in_order(tiny_server: ServerHandle) -> None:
+    """The encoder takes a request's texts as jobs of ``memory.embedder.max_texts_per_job`` (the last one short):
+    the reply is what each job's texts get alone, in the request's order."""
+    size = load_config("tiny").memory.embedder.max_texts_per_job
+    texts = [f"passage {i}: " + "the delta floods each spring " * (i % 5) for i in range(size + size // 3)]
+    jobs = [_vectors(tiny_server, texts[start:start + size]) for start in range(0, len(texts), size)]
+    whole = _vectors(tiny_server, texts)
+    assert whole.shape == (len(texts), jobs[0].shape[1])
+    # same rows in the same order; the last bits may differ where other texts shared a forward pass
+    np.testing.assert_allclose(whole, np.concatenate(jobs), rtol=0, atol=1e-5)
+
+
+async def test_a_retrieval_runs_between_the_jobs_of_a_long_list(encoder: Embedder) -> None:
+    """A retrieval-sized encode (a question and its caption, as the memory's own) sent while a long list
+    encodes finishes before the list does: it waits for one job of the list, not for all of it."""
+    size = load_config("tiny").memory.embedder.max_texts_per_job
+    finished: list[str] = []
+    long_list = asyncio.ensure_future(encoder.encode_async([f"document {i}" for i in range(2 * size + 1)]))
+    long_list.add_done_callback(lambda _: finished.append("long list"))
+    await asyncio.sleep(0)  # its first job is queued; the next is queued when that one is done
+    retrieval = asyncio.ensure_future(encoder.encode_async(["Which river floods each spring?", "a delta"]))
+    retrieval.add_done_callback(lambda _: finished.append("retrieval"))
+    vectors, _ = await asyncio.gather(retrieval, long_list)
+    assert finished == ["retrieval", "long list"]
+    assert vectors.shape == (2, encoder.dim)

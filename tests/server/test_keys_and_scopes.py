@@ -12,8 +12,12 @@ import os
 import re
 import signal
 import socket
+import stat
+import subprocess
+import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -376,11 +380,6 @@ def test_an_app_with_a_route_without_a_scope_is_refused(monkeypatch: pytest.Monk
 
 
 def test_keys_add_writes_a_hashed_entry_to_a_private_file_and_prints_the_key_once(tmp_path: Path) -> None:
-    import stat
-    import subprocess
-    import sys
-    import tomllib
-
     keys_file = tmp_path / "keys.toml"
 
     def add(*args: str) -> subprocess.CompletedProcess:
@@ -404,3 +403,58 @@ def test_keys_add_writes_a_hashed_entry_to_a_private_file_and_prints_the_key_onc
         refused = add(*args)
         assert refused.returncode == 2 and says in refused.stderr and refused.stdout == "", refused.stderr
     assert keys_file.read_bytes() == before
+
+
+def _keys_command(keys_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m mia_engine keys ARGS --file KEYS_FILE``, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "mia_engine", "keys", *args, "--file", str(keys_file)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_keys_list_shows_names_scopes_and_caps_never_a_hash(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    _write_keys(keys_file, _keys_text(KEYS))
+    listed = _keys_command(keys_file, "list")
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    assert listed.stdout.splitlines() == [f"{name} scopes={','.join(scopes)} max_concurrent={cap}"
+                                          for name, (_, scopes, cap) in KEYS.items()]
+    assert not re.search(r"[0-9a-f]{16}", listed.stdout)  # no hash
+    assert not any(key in listed.stdout for key, _, _ in KEYS.values())
+    missing = _keys_command(tmp_path / "absent.toml", "list")
+    assert missing.returncode == 2 and missing.stdout == "" and len(missing.stderr.splitlines()) == 1, missing.stderr
+
+
+def test_keys_remove_rewrites_the_file_without_the_entry_and_refuses_an_unknown_name(tmp_path: Path) -> None:
+    keys_file = tmp_path / "keys.toml"
+    _write_keys(keys_file, "# keys of the team's server\n\n" + _keys_text(KEYS))
+    removed = _keys_command(keys_file, "remove", "streamer")
+    assert removed.returncode == 0 and removed.stdout == "", removed.stderr
+    assert removed.stderr.splitlines() == [f"removed key 'streamer' from {keys_file}; send SIGHUP to a running "
+                                           "server to stop accepting it"]
+    assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
+    text = keys_file.read_text()
+    assert text.startswith("# keys of the team's server\n") and "streamer" not in text
+    assert [entry["name"] for entry in tomllib.loads(text)["key"]] == [name for name in KEYS if name != "streamer"]
+    before = keys_file.read_bytes()
+    for name in ("streamer", "nobody"):
+        refused = _keys_command(keys_file, "remove", name)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert refused.stderr.splitlines() == [f"python -m mia_engine: error: --file: {keys_file}: no key named "
+                                               f"{name!r} (its keys: {', '.join(n for n in KEYS if n != 'streamer')})"]
+    assert keys_file.read_bytes() == before
+
+
+def test_a_key_removed_by_keys_remove_is_refused_after_sighup_and_the_others_still_work(keys_server) -> None:
+    keys_file, models = _keys_file(keys_server), f"{keys_server.openai_url}/models"
+    stats = f"{keys_server.openai_url}/memory/stats"
+    assert httpx.get(models, headers=_auth("streamer")).status_code == 200
+    try:
+        removed = _keys_command(keys_file, "remove", "streamer")
+        assert removed.returncode == 0, removed.stderr
+        _sighup_and_wait(keys_server, "keys: reloaded")
+        assert httpx.get(models, headers=_auth("streamer")).status_code == 401
+        assert [httpx.get(models, headers=_auth(name)).status_code for name in ("chatter", "researcher")] == [200, 200]
+        assert httpx.get(stats, headers=_auth("reader")).status_code == 200
+    finally:
+        _write_keys(keys_file, _keys_text(KEYS))
+        _sighup_and_wait(keys_server, "keys: reloaded")
