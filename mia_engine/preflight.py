@@ -132,6 +132,7 @@ def _plan_on_box(config: MIAConfig, models: Callable[[str], Path], environ: Mapp
     from .deploy import gpu_probe
     from .deploy.box import check_box, on_box
     from .deploy.budget import plan
+    from .deploy import cuda_driver
     from .deploy.cuda_driver import SKIP_DRIVER_CHECK_ENV
 
     box = gpu_probe.probe_box(environ)
@@ -145,7 +146,7 @@ def _plan_on_box(config: MIAConfig, models: Callable[[str], Path], environ: Mapp
             logging.getLogger(PROG).warning("%s", note)
         return result, None
     is_driver_checked = environ.get(SKIP_DRIVER_CHECK_ENV) != "1"
-    return result, check_box(config, result, box, gpu_probe.torch_cuda(), is_driver_checked=is_driver_checked)
+    return result, check_box(config, result, box, cuda_driver.torch_cuda(), is_driver_checked=is_driver_checked)
 
 
 def with_admin_key(config: MIAConfig) -> MIAConfig | None:

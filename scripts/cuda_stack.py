@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package's driver table, in this checkout
-from mia_engine.deploy.cuda_driver import driver_tuple, driver_verdict  # noqa: E402
+from mia_engine.deploy.cuda_driver import driver_tuple, driver_verdict, torch_cuda  # noqa: E402
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
@@ -330,15 +330,6 @@ def installed_driver() -> str | None:
         return None
 
 
-def installed_cuda() -> str | None:
-    """The CUDA version this environment's torch was built for, or None for a CPU torch or none."""
-    try:
-        import torch  # here, not at the top: ``check`` runs where torch is not installed
-    except ImportError:
-        return None
-    return torch.version.cuda
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -363,7 +354,7 @@ def _driver_main(cuda: str | None) -> int:
     """One line: 0 = the driver runs torch's CUDA; 1 = it is too old (the line, on stderr, names the driver,
     the CUDA and the minimum; install.sh stops); 2 = nothing to check (no driver answered, no CUDA torch)."""
     driver = installed_driver()
-    cuda = cuda or installed_cuda()
+    cuda = cuda or torch_cuda()
     if driver is None:
         print("mia-engine install: no NVIDIA driver answered (nvidia-smi --query-gpu=driver_version)")
         return 2

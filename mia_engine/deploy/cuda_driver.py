@@ -31,3 +31,13 @@ def driver_verdict(driver: str, cuda: str) -> tuple[bool, str]:
 def driver_tuple(version: str) -> tuple[int, ...]:
     """``"580.95.05"`` as ``(580, 95, 5)``; ValueError for anything that is not dotted numbers."""
     return tuple(int(part) for part in version.strip().split("."))
+
+
+def torch_cuda() -> str | None:
+    """The CUDA version this environment's torch was built for (``"13.0"``); None for a CPU build or no torch
+    (imported here, not at the top: ``scripts/cuda_stack.py check`` runs where torch is not installed)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.version.cuda

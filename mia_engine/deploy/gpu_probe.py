@@ -40,13 +40,6 @@ def nvml_module() -> Any | None:
     return pynvml
 
 
-def torch_cuda() -> str | None:
-    """The CUDA version this environment's torch was built for (``"13.0"``); None for a CPU build or none."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.version.cuda
 
 
 def probe_box(environ: Mapping[str, str]) -> Box | None:

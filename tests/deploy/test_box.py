@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mia_engine.config import load_config
-from mia_engine.deploy import gpu_probe
+from mia_engine.deploy import cuda_driver, gpu_probe
 from mia_engine.deploy.budget import GIB, plan
 from mia_engine.models.lora import init_adapter
 from mia_engine.preflight import dry_run, preflight
@@ -40,7 +40,7 @@ def _box(num_gpus: int = 8, **changed: dict) -> list[dict]:
 
 def _on_fake_box(monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml | None, cuda: str | None = "13.0") -> None:
     monkeypatch.setattr(gpu_probe, "nvml_module", lambda: nvml)
-    monkeypatch.setattr(gpu_probe, "torch_cuda", lambda: cuda)
+    monkeypatch.setattr(cuda_driver, "torch_cuda", lambda: cuda)
 
 
 def _dry_run(adapter: Path, capsys: pytest.CaptureFixture, **overrides: object) -> tuple[int, str, list[str]]:
