@@ -136,6 +136,8 @@ TRIM_INTERVAL_S = 2
 # next one the run will need too (in the order of the collected tests), both at once on the two cores, and
 # a fixture server's stop runs in the background while the next tests run (all are waited for at the end of
 # the session). A server started early idles until its fixture hands it out; its tests see the same server.
+# A test that starts a server of its own (a restart on the same data) starts the next one beside it the same
+# way (``wait_ready_beside_next``), and a session's server stops once its last test has run.
 
 Launch = Callable[..., ServerHandle]
 """Starts a fixture's server (``start_server``) in a fresh folder of the factory's, without waiting for it:
@@ -162,6 +164,16 @@ _RUN: list[tuple[_ServerFixture, str]] = []
 _STARTED: dict[str, tuple[ServerHandle | None, BaseException | None]] = {}
 """Servers started ahead of their fixture, by instance key: (the server, or the error its start raised)."""
 _STOPPING: list[threading.Thread] = []
+_FIRST_USE: dict[str, int] = {}
+"""By instance key: the index in the session's items of the first test that uses it."""
+_LAST_USE: dict[str, int] = {}
+"""By instance key: the index in the session's items of the last test that uses it."""
+_SERVING: dict[str, ServerHandle] = {}
+"""The session's fixture servers handed out and not stopped yet, by instance key."""
+_ITEM_INDEX: dict[str, int] = {}
+"""By node id: the test's index in the session's items."""
+_RUNNING: list[pytest.Item] = []
+"""The test running now (set up last), for ``wait_ready_beside_next``."""
 
 
 def _instance_key(fixture: _ServerFixture, scope_node_id: str) -> str:
@@ -187,8 +199,11 @@ def server_fixture(name: str, launch: Launch, *, scope: str = "module", timeout_
                 _wait_together(server, fixture.timeout_s, partner, tmp_path_factory)
             else:
                 wait_ready(server, fixture.timeout_s)  # started ahead: ready already, unless it died since
+            if fixture.scope == "session":
+                _SERVING[key] = server
             yield server
         finally:
+            _SERVING.pop(key, None)
             if server is not None:
                 _stop_in_background(server)
 
@@ -198,13 +213,31 @@ def server_fixture(name: str, launch: Launch, *, scope: str = "module", timeout_
 
 
 def _start_partner(key: str) -> tuple[str, _ServerFixture] | None:
-    """The next fixture server of the run that is not started yet and may be, if any (marked as started)."""
+    """The next fixture server of the run after ``key``'s that is not started yet and may be, if any (marked
+    as started)."""
     keys = [k for _, k in _RUN]
-    for fixture, other in _RUN[keys.index(key) + 1:] if key in keys else ():
+    return _next_to_start(keys.index(key) + 1) if key in keys else None
+
+
+def _next_to_start(first: int) -> tuple[str, _ServerFixture] | None:
+    """The first fixture server of ``_RUN[first:]`` that is not started yet and may be, if any (marked as
+    started)."""
+    for fixture, other in _RUN[first:]:
         if other not in _STARTED and not fixture.needs and not fixture.alone:
             _STARTED[other] = (None, None)
             return other, fixture
     return None
+
+
+def wait_ready_beside_next(server: ServerHandle, timeout_s: float = START_TIMEOUT_S) -> None:
+    """``wait_ready`` for a server a test starts itself (a restart on the same data, say), while the next
+    fixture server the run will need starts beside it on the other core, as a fixture server's partner does;
+    returns once both are ready (or the partner's start failed: its fixture raises that)."""
+    item = _RUNNING[-1]
+    now = _ITEM_INDEX[item.nodeid]
+    later = next((i for i, (_, key) in enumerate(_RUN) if _FIRST_USE[key] > now), len(_RUN))
+    factory = item.config._tmp_path_factory  # type: ignore[attr-defined]
+    _wait_together(server, timeout_s, _next_to_start(later), factory)
 
 
 def _wait_together(server: ServerHandle, timeout_s: float, partner: tuple[str, _ServerFixture] | None,
@@ -248,8 +281,12 @@ def _stop_in_background(server: ServerHandle) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The fixture servers of the collected tests, in the order the tests will first use them."""
     _RUN.clear()
+    _FIRST_USE.clear()
+    _LAST_USE.clear()
+    _ITEM_INDEX.clear()
     seen = set()
-    for item in session.items:
+    for index, item in enumerate(session.items):
+        _ITEM_INDEX[item.nodeid] = index
         module = item.getparent(pytest.Module)
         for name in getattr(item, "fixturenames", ()):
             definitions = item._fixtureinfo.name2fixturedefs.get(name)  # type: ignore[attr-defined]
@@ -264,6 +301,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             if key not in seen:
                 seen.add(key)
                 _RUN.append((fixture, key))
+                _FIRST_USE[key] = index
+            _LAST_USE[key] = index
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -350,11 +389,28 @@ def command_fixture(name: str, make: Callable[[Path], tuple[list[str], dict[str,
     return pytest.fixture(scope="module", name=name)(run)
 
 
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A session's fixture server stops once the last test that uses it has run, so that the later tests get
+    its memory and cores back (its fixture's own stop, at the session's end, then finds it stopped)."""
+    index = _ITEM_INDEX.get(item.nodeid)
+    for key in [k for k in _SERVING if _LAST_USE.get(k) == index]:
+        _stop_in_background(_SERVING.pop(key))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    _RUNNING[:] = [item]
     for command in _COMMANDS.values():
         if command.wanted and command.process is None and (not command.start_with
                                                            or item.nodeid.startswith(command.start_with + "::")):
             command.start(item.config._tmp_path_factory)  # type: ignore[attr-defined]
+
+
+UNI_EXECUTOR = "--engines.tiny.executor_backend=uni"
+"""For the servers of modules that test the serving process (HTTP, keys, limits, logs, research settings, the
+memory journal), not vLLM's processes: the model runs inside the engine-core process, so a start imports vLLM
+in two interpreters instead of three (about a quarter less of a core's time, and ~0.7 GiB less memory). The
+tiny config's own layout (a model worker, its placement and teardown) is what the shared servers and the
+engine, adapter, learning and lifecycle tests run."""
 
 
 def launch_tiny(folder: str, *extra: str, **options) -> Launch:
@@ -419,9 +475,9 @@ would otherwise reach every later test through the shared server)."""
 
 public_server = server_fixture("public_server", launch_tiny(
     "public_server", "--server.admission.max_queued_per_key=8", "--server.admission.max_concurrent_research=2",
-    "--server.admission.max_concurrent_per_model=2", host="0.0.0.0"), scope="session")
+    "--server.admission.max_concurrent_per_model=2", "--server.access_log=true", host="0.0.0.0"), scope="session")
 """A keyed server bound to 0.0.0.0, as deployed, with small admission bounds (2 running and 8 queued per
-key) so an overflow is cheap to provoke; for the Host and queue-bound tests."""
+key) so an overflow is cheap to provoke, and its access log on; for the Host, queue-bound and log-line tests."""
 
 
 @pytest.fixture(scope="module")

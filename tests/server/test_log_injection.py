@@ -1,7 +1,8 @@
 """Client text in the server log (``base/log_text.py``, ``server/access_log.py``, ``base/logs.py``): a field
 name or a path cannot forge a log line, a body of a million keys cannot write a megabyte one, and the access
-log (``--server.access_log=true``, this module's server, in the text format) is one escaped, bounded line per
-request that names the key's name, never the key. The JSON format's escapes are checked on its formatter."""
+log (``--server.access_log=true``, on conftest's ``public_server``, in the text format) is one escaped,
+bounded line per request that names the key's name, never the key. The JSON format's escapes are checked on
+its formatter."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import asyncio
 import json
 import logging
 import re
+import time
 
 import httpx
 
 from mia_engine.base.log_text import MAX_LOGGED_CHARS, MAX_LOGGED_NAMES, bounded_names, printable
 from mia_engine.base.logs import CONTINUATION, JsonFormatter, TextFormatter
-from tests.conftest import ServerHandle, launch_tiny, server_fixture
+from tests.conftest import ServerHandle
 
 FORGED = "2026-01-01 ERROR forged"
 MAX_LINE_CHARS = 4 * MAX_LOGGED_CHARS + MAX_LOGGED_NAMES * 80
@@ -22,11 +24,19 @@ MAX_LINE_CHARS = 4 * MAX_LOGGED_CHARS + MAX_LOGGED_NAMES * 80
 HOSTILE = ("\n", "\r", "\x1b", "\x85", "\u2028", "\u2029", "\u202e")
 """Characters that end a line for some log reader, or steer a terminal or the order a reader sees."""
 
-log_server = server_fixture("log_server", launch_tiny("log_server", "--server.access_log=true"))
+ACCESS_LINE_WAIT_S = 10.0
+"""An access-log line is written once its response is sent: its client may read the log before it."""
 
 
-def _log_after(server: ServerHandle, offset: int) -> str:
-    return server.log_path.read_bytes()[offset:].decode("utf-8", errors="replace")
+def _log_after(server: ServerHandle, offset: int, *awaited: str) -> str:
+    """The log written since ``offset``, once it holds each of the ``awaited`` texts (or after
+    ``ACCESS_LINE_WAIT_S``: the assertions then say what is missing)."""
+    deadline = time.monotonic() + ACCESS_LINE_WAIT_S
+    while True:
+        text = server.log_path.read_bytes()[offset:].decode("utf-8", errors="replace")
+        if all(part in text for part in awaited) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
 
 
 def _chat(server: ServerHandle, raw: bytes) -> httpx.Response:
@@ -47,57 +57,57 @@ def _assert_unforged(text: str, *, may_continue: bool = False) -> None:
     assert not any(char in text for char in HOSTILE[1:]), [char for char in HOSTILE[1:] if char in text]
 
 
-def test_a_field_name_cannot_forge_a_log_line(log_server: ServerHandle) -> None:
-    offset = log_server.log_path.stat().st_size
+def test_a_field_name_cannot_forge_a_log_line(public_server: ServerHandle) -> None:
+    offset = public_server.log_path.stat().st_size
     names = [f"x\n{FORGED}", f"y\r{FORGED}", "\x1b[2Jz", "\u2028w", "\u202ev"]
-    response = _chat(log_server, _body("".join(f", {json.dumps(name)}: 1" for name in names)))
+    response = _chat(public_server, _body("".join(f", {json.dumps(name)}: 1" for name in names)))
     assert response.status_code == 200, response.text
-    text = _log_after(log_server, offset)
+    text = _log_after(public_server, offset)
     _assert_unforged(text)
     warning = next(line for line in text.splitlines() if "were ignored" in line)
     assert "'x\\n2026-01-01 ERROR forged', 'y\\r2026-01-01 ERROR forged', '\\x1b[2Jz', '\\u2028w', '\\u202ev'" \
         in warning, warning
 
 
-def test_a_body_of_many_unknown_keys_logs_one_bounded_line(log_server: ServerHandle) -> None:
+def test_a_body_of_many_unknown_keys_logs_one_bounded_line(public_server: ServerHandle) -> None:
     num_keys = 550_000  # ~7.7 MB of keys: under the 8 MiB body limit
     keys = "".join(f',"k{i:07d}":0' for i in range(num_keys))
-    offset = log_server.log_path.stat().st_size
-    response = _chat(log_server, _body(keys))
+    offset = public_server.log_path.stat().st_size
+    response = _chat(public_server, _body(keys))
     assert response.status_code == 200, response.text
-    lines = _log_after(log_server, offset).splitlines()
+    lines = _log_after(public_server, offset).splitlines()
     assert max(len(line) for line in lines) <= MAX_LINE_CHARS, max(len(line) for line in lines)
     warning = next(line for line in lines if "were ignored" in line)
     assert "'k0000000', 'k0000001'" in warning and f"and {num_keys - MAX_LOGGED_NAMES} more" in warning
 
 
-def test_a_path_cannot_forge_an_access_log_line(log_server: ServerHandle) -> None:
-    offset = log_server.log_path.stat().st_size
-    headers = {"Authorization": f"Bearer {log_server.api_key}"}
-    forged = httpx.get(f"{log_server.base_url}/v1/models%0A2026-01-01%20ERROR%20forged%0D%1B%E2%80%A8",
+def test_a_path_cannot_forge_an_access_log_line(public_server: ServerHandle) -> None:
+    offset = public_server.log_path.stat().st_size
+    headers = {"Authorization": f"Bearer {public_server.api_key}"}
+    forged = httpx.get(f"{public_server.base_url}/v1/models%0A2026-01-01%20ERROR%20forged%0D%1B%E2%80%A8",
                        headers=headers)
     assert forged.status_code == 404
     long_path = "/v1/" + "a" * 20_000
-    assert httpx.get(log_server.base_url + long_path, headers=headers).status_code == 404
-    text = _log_after(log_server, offset)
+    assert httpx.get(public_server.base_url + long_path, headers=headers).status_code == 404
+    text = _log_after(public_server, offset, '"GET /v1/models\\n', '"GET /v1/aaaa')
     _assert_unforged(text)
     assert '"GET /v1/models\\n2026-01-01 ERROR forged\\r\\x1b\\u2028" 404 ' in text, text[-2000:]
     line = next(line for line in text.splitlines() if '"GET /v1/aaaa' in line)
     assert len(line) < 2 * MAX_LOGGED_CHARS and f"...(+{len(long_path) - MAX_LOGGED_CHARS} chars)" in line, line
 
 
-def test_the_access_log_line_names_address_method_path_status_bytes_and_time(log_server: ServerHandle) -> None:
-    offset = log_server.log_path.stat().st_size
-    response = httpx.get(f"{log_server.openai_url}/models?token=not-logged",
-                         headers={"Authorization": f"Bearer {log_server.api_key}"})
+def test_the_access_log_line_names_address_method_path_status_bytes_and_time(public_server: ServerHandle) -> None:
+    offset = public_server.log_path.stat().st_size
+    response = httpx.get(f"{public_server.openai_url}/models?token=not-logged",
+                         headers={"Authorization": f"Bearer {public_server.api_key}"})
     assert response.status_code == 200
-    unauthorised = httpx.get(f"{log_server.openai_url}/models", headers={"Authorization": "Bearer wrong-key"})
+    unauthorised = httpx.get(f"{public_server.openai_url}/models", headers={"Authorization": "Bearer wrong-key"})
     assert unauthorised.status_code == 401
-    text = _log_after(log_server, offset)
+    text = _log_after(public_server, offset, '"GET /v1/models" 200 ', '"GET /v1/models" 401 ')
     pattern = r'mia_engine\.server\.access_log: 127\.0\.0\.1:\d+ \S+ "GET /v1/models" {} {} B \d+\.\d ms$'
     assert re.search(pattern.format(200, len(response.content)), text, re.MULTILINE), text[-2000:]
     assert re.search(pattern.format(401, len(unauthorised.content)), text, re.MULTILINE), text[-2000:]
-    assert log_server.api_key not in text and "not-logged" not in text and "wrong-key" not in text
+    assert public_server.api_key not in text and "not-logged" not in text and "wrong-key" not in text
     assert '"GET /v1/models HTTP/1.1"' not in text  # uvicorn's own access log is off
 
 

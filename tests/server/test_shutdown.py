@@ -10,27 +10,46 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import start_server, stop_server, wait_ready
+from tests.conftest import ServerHandle, start_server, stop_server, wait_ready
 from tests.processes import wait_group_exit
+
+
+def _start(factory: pytest.TempPathFactory, sigint_ignored: bool) -> ServerHandle:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        return start_server(factory.mktemp("ctrl_c"), "tiny", own_group=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, ServerHandle]]:
+    """Each case's own server, by ``sigint_ignored``; both start at once (one core each), not one per test."""
+    launched = {}
+    try:
+        for sigint_ignored in (False, True):
+            launched[sigint_ignored] = _start(tmp_path_factory, sigint_ignored)
+        for server in launched.values():
+            wait_ready(server)
+        yield launched
+    finally:
+        for server in launched.values():
+            if server.process.poll() is None:
+                stop_server(server)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sigint_ignored", [False, True])
-def test_ctrl_c_stops_the_server_cleanly(tmp_path: Path, sigint_ignored: bool) -> None:
+def test_ctrl_c_stops_the_server_cleanly(servers: dict[bool, ServerHandle], sigint_ignored: bool) -> None:
     """``sigint_ignored``: the server inherits SIGINT ignored, as a background job of a non-interactive
     shell does; uvicorn still stops on it, and its re-raised signal is then ignored."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    server = servers[sigint_ignored]
     try:
-        server = start_server(tmp_path, "tiny", own_group=True)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    try:
-        wait_ready(server)
         os.killpg(server.process.pid, signal.SIGINT)
         assert server.process.wait(timeout=60) == 0, server.log_tail()
         assert not wait_group_exit(server.process.pid), server.log_tail()  # the log is complete from here
