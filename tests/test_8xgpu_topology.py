@@ -30,6 +30,7 @@ ALLOWED_DIFFERENCES = {
     "engines.*.enforce_eager": "no CUDA graphs on a CPU (compiling would only slow the start)",
     "engines.*.max_model_len": "the tiny models' context",
     "engines.*.max_lora_rank": "the tiny adapters' rank",
+    "engines.*.cpu.kv_cache_space_gib": "seven tiny model workers share one machine's memory",
     "engines.*.structured_outputs_backend": "the tiny models write JSON only under compact_json (xgrammar)",
     "engines.*.compact_json": "the tiny models write JSON only under compact_json",
     "roles.planner.adapter": "the tiny model's embedded Planner adapter (presence is compared separately)",
@@ -120,7 +121,9 @@ def test_the_mirror_check_catches_a_topology_change(configs, override: dict[str,
 
 # ---- the topology, started and learning ----------------------------------------------------------------------
 
-MAX_LEARNING_QUESTIONS = 12
+MAX_LEARNING_QUESTIONS = 24
+"""The random tiny models' groups sometimes answer alike for several batches (no learning signal); a batch
+takes a few seconds, and the loop ends at the first published version."""
 PUBLISH_TIMEOUT_S = 120
 
 
@@ -205,7 +208,7 @@ def test_text_and_image_questions_learn_until_every_planner_replica_serves_the_n
         if (live := _live(own_server))["version"] > first["version"]:
             break
 
-    assert live["version"] > first["version"], f"no update was published (gold answer {gold!r})"
+    assert live["version"] > first["version"], f"no update was published (gold {gold!r}, answers {answers[-8:]})"
     assert live["loaded_replicas"] == replicas and live["num_replicas"] == len(replicas), live
     assert captions and all(isinstance(c, str) and c.strip() for c in captions), captions
     # every engine of the topology answered: the Planner's, the VL one (Executor, captioner), the judge's

@@ -158,8 +158,12 @@ def search_calls(queries: list[str]) -> list[ToolCall]:
     return [ToolCall(SEARCH, {"query_list": [query]}) for query in queries]
 
 
+def call_text(call: ToolCall) -> str:
+    """``call`` as a turn writes it: its JSON between the tool-call tags, a line each."""
+    return f"{CALL_OPEN}\n{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
+
+
 def written_turn(call: ToolCall) -> ExecutorTurn:
     """A pinned turn the loop writes for the Executor: the call alone, no thinking, nothing generated
     (``raw`` is empty)."""
-    text = f"{CALL_OPEN}\n{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
-    return ExecutorTurn("", text, None, call, None, True)
+    return ExecutorTurn("", call_text(call), None, call, None, True)

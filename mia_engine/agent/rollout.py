@@ -22,7 +22,7 @@ import msgspec
 from . import prompts
 from ..config.agent import AgentConfig
 from .answers import answer_lines
-from .executor_run import Emit, ExecutorRun, search_calls, written_turn
+from .executor_run import Emit, ExecutorRun, call_text, search_calls, written_turn
 from .llm import Completion, complete, complete_ids, sampling_options, with_policy_logprobs, with_room_for
 from .model_text import strip_think
 from .plan_decisions import YES_NO_REGEX, parse_yes_no
@@ -30,7 +30,7 @@ from .planner_transcript import PlannerTranscript
 from .records import Trajectory
 from .stages import StageTimer
 from .strategies import Strategies, choose_strategies
-from .turns import ExecutorTurn, parse_executor_turn
+from .turns import ExecutorTurn, fixed_call_turn, parse_executor_turn
 from ..engines.client import EngineClient, RoleClient, SamplingOptions
 from ..tools.calls import Observation, ToolCall, truncate_words
 from ..tools.registry import ToolContext, Tools
@@ -182,6 +182,7 @@ class RolloutRunner:
         for turn_index in range(max_turns):
             is_last = answer_last and turn_index == max_turns - 1
             options = self._turn_options(run, is_last=is_last)
+            fixed = None if self.strategies.turns.is_answer_only(is_last) else self.strategies.turns.fixed_call(run)
             if self.strategies.turns.is_answer_only(is_last):
                 run.ask_for_the_answer()
             try:
@@ -194,7 +195,8 @@ class RolloutRunner:
             except ValueError as err:  # a full context (or a request the engine refused) ends the trajectory
                 run.emit("executor_stopped", {"detail": str(err)})
                 return
-            turn = parse_executor_turn(completion.text)
+            text = completion.text if fixed is None else fixed_call_turn(completion.text, call_text(fixed))
+            turn = parse_executor_turn(text)
             observation = await self._observe(run, turn)
             run.record(turn, observation)
             if observation is None:

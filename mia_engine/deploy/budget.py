@@ -239,9 +239,9 @@ def engine_gpus(engine: EngineConfig) -> list[int]:
 
 
 def _place_host_engine(name: str, engine: EngineConfig, shape: DecoderShape, gpus: dict[str, GpuBudget]) -> None:
-    """No GPU anywhere in the config: vLLM's CPU build, KV cache of ``cpu.kv_cache_space_gib``."""
+    """No GPU anywhere in the config: vLLM's CPU build, KV cache of ``cpu_kv_cache_bytes``."""
     items = [i for i in engine_items(engine, shape, 0) if not i.what.startswith("activations")]
-    kv = int(max(1, round(engine.cpu.kv_cache_space_gib)) * GIB)
+    kv = engine.cpu_kv_cache_bytes()
     items.append(Item(f"KV cache ({kv // kv_bytes_per_token_per_gpu(engine, shape)} tokens)", kv))
     host = gpus.setdefault("host", GpuBudget("host", 0, []))
     host.claims.append(Claim(f"engine {name} (CPU)", f"engines.{name}.cpu.kv_cache_space_gib", items,

@@ -11,7 +11,7 @@ from mia_engine.config.agent import AgentConfig, RoleSampling, StageSampling
 from mia_engine.agent.loop import NO_ANSWER, ResearchAgent, ResearchRequest
 from mia_engine.agent.plan_searches import plan_searches_regex
 from mia_engine.agent.executor_run import ExecutorRun
-from mia_engine.agent.turns import parse_executor_turn
+from mia_engine.agent.turns import parse_executor_turn, think_regex
 from mia_engine.engines.client import CompletionDelta, SamplingOptions
 from mia_engine.memory.entries import ConsolidationResult, MemoryEntry, MemoryHit, SearchResult
 from mia_engine.config.tools import ToolsConfig
@@ -269,10 +269,13 @@ async def test_last_turn_may_only_answer_and_first_turns_must_search() -> None:
 async def test_first_query_question_pins_the_first_search_to_the_question() -> None:
     agent, client, _ = agent_with(role_script(executor=lambda p: CALL), max_turns=3, max_replans=0,
                                   first_query="question")
-    await agent.research(ResearchRequest("Which river flows through Paris?"))
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
     regexes = [o.regex for m, o in client.options if m == "executor"]
-    assert "Which river flows through Paris\\?" in regexes[0] and "<answer>" not in regexes[0]
-    assert all("Which river" not in r for r in regexes[1:])  # later turns choose their own queries
+    assert regexes[0] == think_regex(AgentConfig().regex.max_think_chars)  # the think block alone: one grammar
+    assert all("Which river" not in r for r in regexes)  # no grammar per query
+    assert "<tool_call>" in regexes[1]  # later turns choose their own calls
+    calls = [t.tool_call.arguments for t in result.rollouts[0].trajectory.turns]
+    assert calls[0] == {"query_list": ["Which river flows through Paris?"]} and calls[1] == {"query_list": ["Seine"]}
 
 
 async def test_the_answer_only_turn_is_told_so_and_restates_the_question() -> None:
@@ -472,13 +475,17 @@ async def test_first_image_search_then_the_question_as_the_first_query() -> None
     for image in (object(), None):
         agent, client, _ = agent_with(role_script(executor=executor), max_replans=0, first_image_search=True,
                                       first_query="question", max_turns=4)
-        await agent.research(ResearchRequest("Which river is this?", image=image))
+        result = await agent.research(ResearchRequest("Which river is this?", image=image))
         regexes = [o.regex for m, o in client.options if m == "executor" and o.regex]
+        calls = [t.tool_call for t in result.rollouts[0].trajectory.turns if t.tool_call]
+        question_search = {"query_list": ["Which river is this?"]}
         if image is not None:
             assert "web_image_to_image_search" in regexes[0] and '"name": "search"' not in regexes[0]
-            assert "Which river is this" in regexes[1] and "web_image" not in regexes[1]
+            assert regexes[1] == think_regex(AgentConfig().regex.max_think_chars)
+            assert calls[1].arguments == question_search  # the first is the fake Executor's own
         else:
-            assert "Which river is this" in regexes[0] and "web_image" not in regexes[0]
+            assert regexes[0] == think_regex(AgentConfig().regex.max_think_chars)
+            assert calls[0].arguments == question_search
 
 
 SEARCH_PLAN = "Search: river of Paris\nSearch: Seine\n"
@@ -532,8 +539,10 @@ async def test_a_searches_plan_with_its_own_answers_ends_with_an_answer_turn_wit
                                   plan_form="searches", max_replans=0, max_turns=2)
     result = await agent.research(ResearchRequest("q"))
     regexes = [o.regex for m, o in client.options if m == "executor"]
-    assert len(regexes) == 2 and "river of Paris" in regexes[0]  # max_turns cuts the plan's second search
+    assert len(regexes) == 2 and "<tool_call>" not in regexes[0]  # a fixed search: the think block alone
     assert "<tool_call>" not in regexes[1] and "<answer>" in regexes[1]
+    (turn, _) = result.rollouts[0].trajectory.turns  # max_turns cuts the plan's second search
+    assert turn.tool_call.arguments == {"query_list": ["river of Paris"]}
     assert result.answer == "Seine"
 
 

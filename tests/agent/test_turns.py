@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mia_engine.agent.turns import executor_turn_regex, parse_executor_turn
+from mia_engine.agent.executor_run import call_text
+from mia_engine.agent.turns import executor_turn_regex, fixed_call_turn, parse_executor_turn, think_regex
 from mia_engine.tools.calls import ToolCall
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["capital of Peru"]}}\n</tool_call>'
@@ -144,14 +145,19 @@ TRICKY_QUESTION = 'Who wrote "Les Misérables" (1862)? [a.k.a. Les Mis] 50% / 2*
 
 
 @pytest.mark.parametrize("question", ["Which river flows through Paris?", TRICKY_QUESTION])
-def test_fixed_query_regex_allows_only_a_search_for_the_question(question):
-    fixed = executor_turn_regex(["search"], max_think_chars=50, fixed_query=question)
-    turn = f"<think>search first</think>\n<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query_list': [question]}}, ensure_ascii=False)}\n</tool_call>"
-    assert re.fullmatch(fixed, turn)
-    parsed = parse_executor_turn(turn)
-    assert parsed.tool_call.arguments == {"query_list": [question]}
-    assert re.fullmatch(fixed, turn.replace("query_list\": [\"", "query_list\": [\"x")) is None
-    assert re.fullmatch(fixed, "<think>t</think>\n<answer>Seine</answer>") is None
+def test_a_fixed_call_turn_is_the_generated_think_block_then_the_written_call(question):
+    """The Executor generates only the think block of a turn whose call is fixed (one regex for every
+    query); the loop writes the call after it, and the turn parses to exactly that call."""
+    call = ToolCall("search", {"query_list": [question]})
+    assert re.fullmatch(think_regex(50), "<think>search first</think>")
+    assert re.fullmatch(think_regex(50), "<think>search first</think>\n" + CALL) is None
+    turn = fixed_call_turn("<think>search first</think>", call_text(call))
+    assert turn == ("<think>search first</think>\n<tool_call>\n"
+                    + json.dumps({"name": "search", "arguments": {"query_list": [question]}}, ensure_ascii=False)
+                    + "\n</tool_call>")
+    assert parse_executor_turn(turn).tool_call == call
+    # whatever a looser engine wrote after the think block is dropped, not read as the call
+    assert parse_executor_turn(fixed_call_turn("<think>t</think>\n" + CALL, call_text(call))).tool_call == call
 
 
 def test_regex_without_tools_allows_only_answers_and_checks_names():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mia_engine.engines.cpu.placement import keep_off_model_cores, plan_moves, process_tree
+from mia_engine.engines.cpu.placement import plan_moves
 
 ALL = frozenset({0, 1, 2, 3})
 

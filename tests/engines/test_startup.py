@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mia_engine.config import EngineConfig, MIAConfig, load_config
+from mia_engine.config.cpu import CpuEngineConfig
 from mia_engine.engines.platforms import resolve_platform
 from mia_engine.engines.roles import RoleServer
 from mia_engine.engines.cpu.malloc import RELEASE_RATE_ENV, TCMALLOC_NAMES
@@ -59,12 +60,19 @@ def test_the_kv_block_size_reaches_vllm_only_when_set(tmp_path: Path) -> None:
     assert VLLMEngine("e", EngineConfig(model="m", block_size=64), tmp_path)._engine_args().block_size == 64
 
 
+def test_the_cpu_kv_cache_reaches_vllm_in_bytes_fractions_of_a_gib_too(tmp_path: Path) -> None:
+    """vLLM's legacy ``VLLM_CPU_KVCACHE_SPACE`` takes whole GiB only; vLLM's own argument wins where set."""
+    quarter = EngineConfig(model="m", cpu=CpuEngineConfig(kv_cache_space_gib=0.25))
+    assert VLLMEngine("e", quarter, tmp_path)._engine_args().kv_cache_memory_bytes == 1 << 28
+    own = EngineConfig(model="m", kv_cache_memory_bytes=123 << 20, cpu=CpuEngineConfig(kv_cache_space_gib=0.25))
+    assert VLLMEngine("e", own, tmp_path)._engine_args().kv_cache_memory_bytes == 123 << 20
+
+
 def test_cpu_settings_vllm_reads_only_from_the_environment_reach_the_spawned_processes() -> None:
-    config = load_config("tiny", {"engines.tiny.cpu.kv_cache_space_gib": 3.0, "cpu.onednn_cache_capacity": 64,
+    config = load_config("tiny", {"cpu.onednn_cache_capacity": 64,
                                   "engines.tiny.structured_outputs_cache_mib": 24})
     env = spawn_env(config, "tiny")
     assert env[GRAMMAR_CACHE_ENV] == "24"  # read by vLLM's engine core only (on every platform)
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == env["LRU_CACHE_CAPACITY"] == "64"  # oneDNN's and torch's
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import OpenAI
 
 from tests.conftest import ServerHandle, scrape_metrics
 

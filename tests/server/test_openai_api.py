@@ -181,17 +181,22 @@ def test_response_format_json_schema_gives_json_of_the_schema(openai_client: Ope
 
 
 def test_the_engine_compiles_the_executor_regexes(openai_client: OpenAI) -> None:
-    """The agent's turn regexes, including a first search pinned to a question full of regex and JSON
-    metacharacters, compile in the engine's structured-output backend and yield parseable turns."""
-    from mia_engine.agent.turns import executor_turn_regex, parse_executor_turn
+    """The agent's turn regexes compile in the engine's structured-output backend and yield parseable
+    turns: a fixed search's think block (the call, for a question full of regex and JSON metacharacters,
+    written after it) and a free turn."""
+    from mia_engine.agent.executor_run import call_text
+    from mia_engine.agent.turns import executor_turn_regex, fixed_call_turn, parse_executor_turn, think_regex
+    from mia_engine.tools.calls import ToolCall
 
     question = 'Who wrote "Les Misérables" (1862)? [a.k.a. Les Mis] 50% / 2*3+1 {x} | a\\b ^$'
-    pinned = executor_turn_regex(["search"], max_think_chars=20, fixed_query=question)
+    call = ToolCall("search", {"query_list": [question]})
+    think = think_regex(20)
     free = executor_turn_regex(["search"], max_think_chars=20, max_query_chars=20, max_answer_chars=20)
-    for regex in (pinned, free):
+    for regex in (think, free):
         text = openai_client.chat.completions.create(
             model="executor", messages=PROMPT, max_tokens=400, temperature=0,
             extra_body={"structured_outputs": {"regex": regex}}).choices[0].message.content
         assert re.fullmatch(regex, text), text
-        assert parse_executor_turn(text).is_well_formed
-    assert parse_executor_turn(text).tool_call is not None or parse_executor_turn(text).answer is not None
+        turn = parse_executor_turn(fixed_call_turn(text, call_text(call)) if regex == think else text)
+        assert turn.is_well_formed
+        assert turn.tool_call == call if regex == think else (turn.tool_call is not None or turn.answer is not None)

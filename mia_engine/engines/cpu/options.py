@@ -64,5 +64,7 @@ def engine_dtype(configured: str, flags: frozenset[str]) -> str:
 
 
 def engine_args(engine: EngineConfig) -> dict[str, object]:
-    """The engine args of a CPU engine that differ from a GPU engine's: the dtype and our keys."""
-    return {"dtype": engine_dtype(engine.dtype, cpu_flags()), "additional_config": additional_config(engine)}
+    """The engine args of a CPU engine that differ from a GPU engine's: the dtype, the KV cache size
+    (``EngineConfig.cpu_kv_cache_bytes``) and our keys."""
+    return {"dtype": engine_dtype(engine.dtype, cpu_flags()), "kv_cache_memory_bytes": engine.cpu_kv_cache_bytes(),
+            "additional_config": additional_config(engine)}

@@ -21,8 +21,6 @@ from ...base.onednn import onednn_cache_env
 if TYPE_CHECKING:
     from ...config import EngineConfig
 
-KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-"""vLLM's CPU KV-cache size, in GiB (``CpuEngineConfig.kv_cache_space_gib``)."""
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 """vLLM's engine-core process switch; "0" runs the engine core (and with ``uni`` the model) in this process."""
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -31,12 +29,11 @@ each replica's ranks in order), ``,`` and ``-`` within; ``auto`` (vLLM's default
 
 
 def spawn_env(engine: EngineConfig, onednn_cache_capacity: int) -> dict[str, str]:
-    """The KV cache size, the bound on oneDNN's primitive caches (``cpu.onednn_cache_capacity``), and
+    """The bound on oneDNN's primitive caches (``cpu.onednn_cache_capacity``), and
     for ``executor_backend = "uni"`` the engine core in this process: vLLM's CPU platform turns ``uni``
     into ``mp`` unless multiprocessing is off; for several workers a replica, their cores where vLLM's
     automatic binding refuses them (``omp_threads_bind``)."""
-    wanted = {KV_CACHE_ENV: str(max(1, round(engine.cpu.kv_cache_space_gib))),
-              **onednn_cache_env(onednn_cache_capacity)}
+    wanted = dict(onednn_cache_env(onednn_cache_capacity))
     if engine.executor_backend == "uni":
         wanted[MULTIPROCESSING_ENV] = "0"
     if num_workers(engine) > 1 and OMP_BIND_ENV not in os.environ:  # an operator's own binding stands
