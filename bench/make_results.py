@@ -708,11 +708,13 @@ def section_soak(files: Files) -> list[str]:
     lines = ["## Soak", "",
              "Mixed traffic against the real server (`bench/soak.py`): raw chat, `mia` with `learn: true`, memory "
              "searches. RSS least-squares slopes per process, MB/min (goal ≤ 0.2 after warm-up; the launcher, flat "
-             "at 0, left out); every soak run (n = 1 each).", "",
+             "at 0, left out); in parentheses, where recorded, the slope of the anonymous part of RSS (`RssAnon`: "
+             "heaps and tensors, not library pages read in); every soak run (n = 1 each).", "",
              "| soak | process | after warm-up | second half | last third |", "|---|---|---|---|---|"]
     for name in names:
         s = files.doc(name).get("summary", {})
         slopes = s.get("rss_slope_mb_per_min", {})
+        anon = s.get("anon_slope_mb_per_min", {})
         requests = s.get("requests", {})
         label = (f"`{s.get('config')}`, {num(s.get('minutes'))} min, {sum(requests.values())} requests, "
                  f"**{s.get('num_errors')} errors**, {s.get('adapter_versions_published')} adapters published, "
@@ -720,7 +722,9 @@ def section_soak(files: Files) -> list[str]:
         processes = sorted({p for span in slopes.values() for p in span
                             if any(abs(slopes[k].get(p) or 0) >= 0.0005 for k in slopes)})  # not the idle launcher
         for i, process in enumerate(processes):
-            cells = [num(slopes.get(span, {}).get(process)) for span in ("after_warmup", "second_half", "last_third")]
+            cells = [num(slopes.get(span, {}).get(process))
+                     + (f" ({num(anon[span][process])})" if process in anon.get(span, {}) else "")
+                     for span in ("after_warmup", "second_half", "last_third")]
             lines.append(f"| {label if i == 0 else ''} | {process} | " + " | ".join(cells) + " |")
     return lines + ["", " ".join(footer(files, name) for name in names), ""]
 

@@ -133,43 +133,58 @@ class Soak:
             return -1, -1
 
 
-def tree_rss_mb(pid: int) -> dict[str, float]:
-    """RSS of the server and each of its child processes (the engine core, its worker), by
-    ``name[pid]``, in MB: what grows is told apart, not only the sum."""
+def tree_rss_mb(pid: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(RSS, its anonymous part) of the server and each of its child processes (the engine core, its
+    worker, the learner), by ``name[pid]``, in MB: what grows is told apart, not only the sum. The
+    anonymous part (``RssAnon``: heaps, arenas, tensors) leaves out file pages (libraries' code paged in
+    as new paths run), which RSS counts too."""
     try:
         members = process_tree(psutil.Process(pid))
     except psutil.NoSuchProcess:
-        return {}
-    rss = {}
+        return {}, {}
+    rss, anon = {}, {}
     for member in members:
         try:
-            rss[f"{member.name()}[{member.pid}]"] = member.memory_info().rss / 2**20
-        except psutil.NoSuchProcess:
+            name = f"{member.name()}[{member.pid}]"
+            rss[name] = member.memory_info().rss / 2**20
+            anon[name] = _rss_anon_kb(member.pid) / 2**10
+        except (psutil.NoSuchProcess, OSError):
             continue
-    return rss
+    return rss, anon
+
+
+def _rss_anon_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
 
 
 async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, Any]]) -> None:
     while time.monotonic() < soak.deadline:
         entries, pairs = await soak.store_size()
-        by_process = tree_rss_mb(pid)
+        by_process, anon = tree_rss_mb(pid)
         samples.append({"t_s": time.monotonic() - soak.start, "rss_mb": sum(by_process.values()),
-                        "rss_by_process_mb": by_process, "adapter_version": await soak.adapter_versions(),
+                        "rss_by_process_mb": by_process, "anon_by_process_mb": anon,
+                        "adapter_version": await soak.adapter_versions(),
                         "memories": entries, "meta_plans": pairs, "heap_trims": await soak.heap_trims()})
         await asyncio.sleep(every_s)
 
 
-def rss_slopes(samples: list[dict[str, Any]], duration_s: float, warmup_fraction: float) -> dict[str, dict[str, float]]:
-    """Least-squares RSS slope of each process, in MB/min, over the run after the warm-up, its second half
-    and its last third (a process still settling shows a smaller slope late in the run)."""
-    names = samples[-1]["rss_by_process_mb"] if samples else {}
+def rss_slopes(samples: list[dict[str, Any]], duration_s: float, warmup_fraction: float,
+               key: str = "rss_by_process_mb") -> dict[str, dict[str, float]]:
+    """Least-squares slope of each process's ``key`` (RSS, or its anonymous part), in MB/min, over the run
+    after the warm-up, its second half and its last third (a process still settling shows a smaller slope
+    late in the run)."""
+    samples = [s for s in samples if key in s]
+    names = samples[-1][key] if samples else {}
     spans = {"after_warmup": warmup_fraction, "second_half": 0.5, "last_third": 2 / 3}
     slopes: dict[str, dict[str, float]] = {}
     for span, fraction in spans.items():
         slopes[span] = {}
         for name in names:
-            points = [(s["t_s"] / 60, s["rss_by_process_mb"][name]) for s in samples
-                      if s["t_s"] >= fraction * duration_s and name in s["rss_by_process_mb"]]
+            points = [(s["t_s"] / 60, s[key][name]) for s in samples
+                      if s["t_s"] >= fraction * duration_s and name in s[key]]
             if len(points) > 2:
                 slopes[span][name] = round(float(np.polyfit(*zip(*points), 1)[0]), 3)
     return slopes
@@ -210,6 +225,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "rss_after_warmup_mb": warm[0]["rss_mb"] if warm else None, "rss_end_mb": warm[-1]["rss_mb"] if warm else None,
         "rss_growth_after_warmup_mb": growth, "rss_growth_after_warmup_by_process_mb": by_process,
         "rss_slope_mb_per_min": rss_slopes(samples, duration, args.warmup_fraction),
+        "anon_slope_mb_per_min": rss_slopes(samples, duration, args.warmup_fraction, "anon_by_process_mb"),
         "store_growth_after_warmup": {key: warm[-1][key] - warm[0][key] for key in ("memories", "meta_plans")}
         if len(warm) > 1 else None,
         "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,
@@ -237,7 +253,8 @@ def main() -> None:
     result = Result("soak")
     summary = asyncio.run(main_async(args))
     result.add_run(minutes=summary["minutes"], num_errors=summary["num_errors"],  # one soak is one run
-                   requests=sum(summary["requests"].values()), rss_slope_mb_per_min=summary["rss_slope_mb_per_min"])
+                   requests=sum(summary["requests"].values()), rss_slope_mb_per_min=summary["rss_slope_mb_per_min"],
+                   anon_slope_mb_per_min=summary["anon_slope_mb_per_min"])
     report(summary, args.out, result=result, args=args)
 
 

@@ -109,9 +109,12 @@ def test_the_encoder_thread_runs_on_its_gpu(fake_cuda: FakeCuda) -> None:
 
 
 def test_the_learner_thread_runs_on_its_gpu_at_low_priority(fake_cuda: FakeCuda, tmp_path: Path) -> None:
-    learner = TestTimeLearner(LearnerConfig(device="cuda:6"), AdapterRegistry(), tmp_path / "checkpoints")
+    """``learner.process = "thread"``: the learner's thread binds its GPU (a learner process binds its own,
+    ``tests/learner/test_learner_process.py``)."""
+    learner = TestTimeLearner(LearnerConfig(device="cuda:6", process="thread"), AdapterRegistry(),
+                              tmp_path / "checkpoints")
     try:
-        name = learner._thread.submit(lambda: threading.current_thread().name).result()
+        name = learner._supervisor.thread.submit(lambda: threading.current_thread().name).result()
     finally:
         learner.close()
     assert fake_cuda.by_thread("ttl-learner") == [Selected(name, torch.device("cuda:6"),
@@ -122,7 +125,7 @@ def test_the_learner_thread_runs_on_its_gpu_at_low_priority(fake_cuda: FakeCuda,
 def test_cpu_components_select_nothing(fake_cuda: FakeCuda, tmp_path: Path) -> None:
     learner = TestTimeLearner(LearnerConfig(device="cpu"), AdapterRegistry(), tmp_path / "checkpoints")
     try:
-        learner._thread.submit(lambda: None).result()
+        learner._supervisor.thread.submit(lambda: None).result()
     finally:
         learner.close()
     assert fake_cuda.selected == []

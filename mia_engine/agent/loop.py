@@ -24,7 +24,7 @@ import msgspec
 from . import judge, prompts
 from .admission import check_fits, check_images
 from .answer_choice import ClosedBookAnswer, ask_closed_book
-from ..engines.client import EngineClient
+from ..engines.client import EngineClient, RoleClient
 from ..config.agent import AgentConfig
 from .executor_run import Emit, evidence_texts, ignore_progress
 from .llm import Completion, complete, complete_ids, sampling_options, with_policy_logprobs, with_room_for
@@ -187,22 +187,25 @@ class ResearchAgent:
     async def _plan(self, q: _Question, memories: str, caption: str | None,
                     replay: str | None) -> tuple[list[int], list[Completion | None]]:
         """(the Planner's prompt ids, the G plans): one request with n = G, in the plan form's words and
-        regex (``strategies.plan``); at inference a verified ``replay`` is written instead. Exploring, each
-        plan comes with the sampler's log-prob of its every token (the learner's old policy). Without the
-        Planner (plain ReAct), no plans."""
+        regex (``strategies.plan``); at inference a verified ``replay`` is written instead (``_written``).
+        Exploring, each plan comes with the sampler's log-prob of its every token (the learner's old
+        policy). Without the Planner (plain ReAct), no plans."""
         request = q.request
         if not request.use_planner:
             return [], [None] * request.num_rollouts
         ask = self.strategies.plan.request(request.question, memories, caption, has_image=request.image is not None)
+        planner = self.client.role(self.config.roles.planner)
         if replay is not None and not request.is_exploring:
-            ask = ask.replaying(self.strategies.plan.replay_text(replay))
+            with q.clock("plan"):
+                prompt_ids = await planner.render_chat([{"role": "user", "content": ask.text}])
+                written = await _written(planner, self.strategies.plan.replay_text(replay))
+            return prompt_ids, [written] * request.num_rollouts
         options = sampling_options(self.config.sampling.planner, n=request.num_rollouts, regex=ask.regex,
                                    affinity_key=q.affinity)
         if request.is_exploring:
             options = with_policy_logprobs(msgspec.structs.replace(
                 options, temperature=self.config.planner_rollout_temperature))
             q.planner_version = self._planner_version()
-        planner = self.client.role(self.config.roles.planner)
         with q.clock("plan"):
             prompt_ids = await planner.render_chat([{"role": "user", "content": ask.text}])
             completions = await complete_ids(planner, prompt_ids, with_room_for(options, ask.min_tokens))
@@ -353,6 +356,14 @@ class _Question:
         """One replica for the G plans and every Planner turn that continues them."""
         self.planner_version: int | None = None
         """The Planner adapter version its plans were sampled from (set while exploring)."""
+
+
+async def _written(planner: RoleClient, plan: str) -> Completion:
+    """A replayed plan as the Planner's completion, written in its tokenizer's tokens rather than generated:
+    forcing the text through structured outputs would compile a grammar per stored plan in the engine (and
+    keep it in its cache) to decode what is known already. The Planner's conversation continues from these
+    tokens (``PlannerTranscript``); nothing is learned from a plan at inference."""
+    return Completion(plan, await planner.encode(plan))
 
 
 def _with_rewards(rollouts: list[Rollout], config: AgentConfig) -> list[Rollout]:

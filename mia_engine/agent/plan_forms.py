@@ -18,7 +18,6 @@ import msgspec
 from . import prompts
 from .model_text import strip_think
 from .plan_searches import parse_plan_searches, plan_searches_chars, plan_searches_regex, render_plan_searches
-from .turns import regex_literal
 from ..memory.entries import MemoryHit
 
 
@@ -29,10 +28,6 @@ class PlannerRequest(msgspec.Struct, frozen=True):
     text: str
     regex: str | None = None
     min_tokens: int = 0
-
-    def replaying(self, plan: str) -> PlannerRequest:
-        """The same prompt, with the Planner made to write exactly ``plan``."""
-        return PlannerRequest(self.text, regex_literal(plan), max(self.min_tokens, len(plan)))
 
 
 class PlanForm(Protocol):
@@ -50,7 +45,7 @@ class PlanForm(Protocol):
         ...
 
     def replay_text(self, plan: str) -> str:
-        """A stored plan as this form writes it (what a replay makes the Planner write)."""
+        """A stored plan as this form writes it (what a replay writes as the Planner's plan)."""
         ...
 
 

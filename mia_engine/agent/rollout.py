@@ -247,8 +247,7 @@ class RolloutRunner:
         """Turns that are pinned whole (a ``searches`` plan answered from the evidence: the Executor has no
         free turn, and only the thinking would be generated, which nothing reads) are written here, not
         generated: their calls run at once (one search batch), in order in the trajectory. Generating
-        them would cost a structured-output compile per query (the think block's bounded repeat) and
-        the decoding, for the same searches."""
+        them would cost the decoding of think blocks, one turn after another, for the same searches."""
         turns = [written_turn(call) for call in calls]
         observations = await asyncio.gather(*(self._observe(run, turn) for turn in turns))
         for turn, observation in zip(turns, observations):

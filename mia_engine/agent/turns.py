@@ -163,17 +163,6 @@ def fixed_call_turn(generated: str, call_text: str) -> str:
     return f"{think}\n{call_text}"
 
 
-def regex_literal(text: str) -> str:
-    """``text`` matched literally; only regex metacharacters are escaped, and line breaks and tabs
-    written as ``\\n`` / ``\\t`` (``re.escape`` also escapes spaces and other characters that not every
-    structured-output backend accepts escaped)."""
-    return "".join(_REGEX_ESCAPES.get(c) or ("\\" + c if c in _REGEX_META else c) for c in text)
-
-
-_REGEX_META = frozenset("\\.^$*+?{}[]()|/")
-_REGEX_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
 def _call_regex(name: str, max_query_chars: int, max_queries: int) -> str:
     if not _TOOL_NAME.match(name):
         raise ValueError(f"tool name {name!r} must be letters, digits and underscores")

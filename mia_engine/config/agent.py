@@ -198,8 +198,8 @@ class AgentConfig(Frozen):
     Planners too small to write prose a small Executor can follow (``small_model``)."""
     replay_min_similarity: float | None = None
     """At inference (one greedy plan, no learning), when the best positive memory retrieved is of a
-    question with a raw cosine at least this to the question, the Planner writes exactly that memory's
-    plan (forced by structured outputs); learning still samples its G plans. None = never (paper,
+    question with a raw cosine at least this to the question, that memory's plan is the Planner's plan,
+    written in its tokens, not generated; learning still samples its G plans. None = never (paper,
     reference; TOML has no None: under ``small_model`` set ``profile = "paper"`` and its other fields).
     For Planners too small to copy a plan from their prompt without changing its names
     (``small_model``: 0.95)."""

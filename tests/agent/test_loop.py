@@ -40,6 +40,8 @@ class FakeClient(RolesByName):
     """(model, images) of every generate call."""
     first_messages: list[tuple[str, object]] = field(default_factory=list)
     """(model, content of the first message) of every rendered chat."""
+    encoded: list[tuple[str, str]] = field(default_factory=list)
+    """(model, text) of every ``encode``."""
 
     async def render_chat(self, model: str, messages: list[dict]) -> list[int]:
         self.first_messages.append((model, messages[0]["content"]))
@@ -47,6 +49,10 @@ class FakeClient(RolesByName):
 
     async def extend_chat(self, model: str, ids: list[int], user_text: str) -> list[int]:
         return [*ids, *GLUE, *user_ids(user_text)]
+
+    async def encode(self, model: str, text: str) -> list[int]:
+        self.encoded.append((model, text))
+        return fake_ids(text)
 
     def max_tokens_for(self, model: str, prompt_len: int, requested: int | None) -> int:
         return requested or 100
@@ -624,9 +630,10 @@ def _hit(plan: str, sim: float) -> MemoryHit:
 
 async def test_a_verified_plan_of_the_same_question_is_replayed_at_inference_only() -> None:
     """``replay_min_similarity``: a positive memory of the same question (raw cosine at the floor or
-    above) is written again exactly, through the Planner under a literal regex; learning still samples;
-    below the floor, or without the setting, the Planner writes its own plan."""
+    above) is the plan, written in the Planner's tokens (no generation, so no grammar per stored plan);
+    learning still samples; below the floor, or without the setting, the Planner writes its own plan."""
     stored = "Search: Seine (river)\nSearch: Paris\n"
+    runs = []
 
     async def run(sim: float, floor: float | None, **request: object) -> list[SamplingOptions]:
         agent, client, memory = agent_with(searches_script(_evidence_or_call), plan_form="searches",
@@ -636,12 +643,15 @@ async def test_a_verified_plan_of_the_same_question_is_replayed_at_inference_onl
             return SearchResult("text/others", [_hit(stored, sim)], [])
 
         memory.search = search
-        await agent.research(ResearchRequest("Which river flows through Paris?", **request))
+        runs.append((client, await agent.research(ResearchRequest("Which river flows through Paris?", **request))))
         return [o for m, o in client.options if m == "planner"]
 
-    (replayed,) = await run(0.99, 0.95)
-    assert replayed.regex == "Search: Seine \\(river\\)\\nSearch: Paris\\n" and replayed.temperature == 0.0
-    assert replayed.max_tokens >= len(stored)
+    assert await run(0.99, 0.95) == []  # replayed: the Planner generates nothing
+    client, result = runs[-1]
+    ((model, written),) = client.encoded
+    assert model == "planner" and written.strip() == result.rollouts[0].plan.strip() == stored.strip()
+    searched = [t.tool_call.arguments["query_list"] for t in result.rollouts[0].trajectory.turns]
+    assert searched == [["Seine (river)"], ["Paris"]]  # the replayed plan's searches, in order
     general = plan_searches_regex(2, AgentConfig().regex.max_query_chars)
     assert [o.regex for o in await run(0.90, 0.95)] == [general]  # another question: the Planner's own plan
     assert [o.regex for o in await run(0.99, None)] == [general]  # the paper: never replayed
