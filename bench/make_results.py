@@ -700,32 +700,44 @@ def section_grammar(files: Files) -> list[str]:
     return lines + ["", "Command: " + "; ".join(dict.fromkeys(commands)) + ".", ""]
 
 
+SOAK_PROCESSES = (("VLLM::EngineCore", "engine core"), ("VLLM::Worker", "model worker"),
+                  ("mia-learner", "learner process"), ("python", "serving process"))
+"""The soak's processes by name prefix, as the table's columns (the idle launcher, flat at 0, left out)."""
+
+
 def section_soak(files: Files) -> list[str]:
     legacy = "soak_60min_smollm2_bf16_keep_pages.json"
     names = [*([legacy] if files.doc(legacy) is not None else []), *files.with_meta("soak")]
     if not names:
         return []
+    spans = ("after_warmup", "second_half", "last_third")
     lines = ["## Soak", "",
              "Mixed traffic against the real server (`bench/soak.py`): raw chat, `mia` with `learn: true`, memory "
-             "searches. RSS least-squares slopes per process, MB/min (goal ≤ 0.2 after warm-up; the launcher, flat "
-             "at 0, left out); in parentheses, where recorded, the slope of the anonymous part of RSS (`RssAnon`: "
+             "searches. RSS least-squares slopes per process, MB/min, after warm-up / second half / last third (goal "
+             "≤ 0.2 after warm-up); in parentheses, where recorded, the same for the anonymous part of RSS (`RssAnon`: "
              "heaps and tensors, not library pages read in); every soak run (n = 1 each).", "",
-             "| soak | process | after warm-up | second half | last third |", "|---|---|---|---|---|"]
+             "| soak | " + " | ".join(label for _, label in SOAK_PROCESSES) + " |",
+             "|---|" + "---|" * len(SOAK_PROCESSES)]
     for name in names:
         s = files.doc(name).get("summary", {})
-        slopes = s.get("rss_slope_mb_per_min", {})
-        anon = s.get("anon_slope_mb_per_min", {})
+        slopes, anon = s.get("rss_slope_mb_per_min", {}), s.get("anon_slope_mb_per_min", {})
         requests = s.get("requests", {})
         label = (f"`{s.get('config')}`, {num(s.get('minutes'))} min, {sum(requests.values())} requests, "
                  f"**{s.get('num_errors')} errors**, {s.get('adapter_versions_published')} adapters published, "
                  f"healthy: {s.get('healthy_at_end')}")
-        processes = sorted({p for span in slopes.values() for p in span
-                            if any(abs(slopes[k].get(p) or 0) >= 0.0005 for k in slopes)})  # not the idle launcher
-        for i, process in enumerate(processes):
-            cells = [num(slopes.get(span, {}).get(process))
-                     + (f" ({num(anon[span][process])})" if process in anon.get(span, {}) else "")
-                     for span in ("after_warmup", "second_half", "last_third")]
-            lines.append(f"| {label if i == 0 else ''} | {process} | " + " | ".join(cells) + " |")
+        moving = {p for span in slopes.values() for p in span
+                  if any(abs(slopes[k].get(p) or 0) >= 0.0005 for k in slopes)}  # not the idle launcher
+        cells = []
+        for prefix, _ in SOAK_PROCESSES:
+            process = next((p for p in sorted(moving) if p.startswith(prefix)), None)
+            if process is None:
+                cells.append("")
+                continue
+            cell = " / ".join(num(slopes.get(span, {}).get(process)) for span in spans)
+            if process in anon.get("after_warmup", {}):
+                cell += " (" + " / ".join(num(anon.get(span, {}).get(process)) for span in spans) + ")"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + ["", " ".join(footer(files, name) for name in names), ""]
 
 

@@ -125,11 +125,12 @@ class RolloutRunner:
 
     def _course(self, run: ExecutorRun, plan: str | None) -> Course:
         """How the Executor runs under ``plan`` (None: plain ReAct). A plan that pins searches adds them to
-        the fixed queries and cuts the budget to them (plus an answer turn when the Executor answers);
-        answered from the evidence, every turn is then pinned."""
+        the fixed queries (those not fixed already: the same search twice finds the same passages) and cuts
+        the budget to them (plus an answer turn when the Executor answers); answered from the evidence,
+        every turn is then pinned."""
         if plan is None or not self.strategies.plan.pins_searches:
             return Course(self.config.max_turns)
-        run.fixed_queries += self.strategies.plan.searches(plan)
+        run.fixed_queries += [q for q in dict.fromkeys(self.strategies.plan.searches(plan)) if q not in run.fixed_queries]
         answer_last = self.strategies.answer.is_executor_answer
         num_turns = len(run.fixed_queries) + int(self.strategies.turns.starts_with_image_search(run)) + answer_last
         return Course(max(1, min(self.config.max_turns, num_turns)), answer_last, is_pinned=not answer_last)

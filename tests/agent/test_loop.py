@@ -512,6 +512,21 @@ def _evidence_or_call(prompt: str) -> str:
     return "Seine" if prompt.startswith("Answer the question using only") else CALL
 
 
+async def test_a_search_the_plan_repeats_is_made_once() -> None:
+    """A ``searches`` plan that repeats the question (already the first search) or one of its own queries:
+    each search runs once, the budget counts it once."""
+    def script(model: str, prompt: str, options: SamplingOptions) -> str:
+        if model == "planner" and "choose the searches" in prompt:
+            return "Search: Which river flows through Paris?\nSearch: Seine\nSearch: Seine\n"
+        return searches_script(_evidence_or_call)(model, prompt, options)
+
+    agent, _, _ = agent_with(script, plan_form="searches", first_query="question", answer_from="evidence",
+                             max_replans=0, max_turns=5)
+    result = await agent.research(ResearchRequest("Which river flows through Paris?"))
+    assert [t.tool_call.arguments["query_list"] for t in result.rollouts[0].trajectory.turns] == [
+        ["Which river flows through Paris?"], ["Seine"]]
+
+
 async def test_a_searches_plan_is_run_in_order_then_answered_from_the_evidence() -> None:
     """``plan_form = "searches"``: the Planner writes its plan under the searches regex; the first search
     is the question, the next ones the plan's queries, in order. Answering from the evidence, every turn
