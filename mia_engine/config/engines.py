@@ -81,10 +81,10 @@ class EngineConfig(VllmEngineArgs, kw_only=True):
     """vLLM's structured-outputs backend (regex / JSON-schema constrained requests)."""
     structured_outputs_cache_mib: int = 512
     """xgrammar's cache of compiled grammars in this engine's core process, in MiB (vLLM's
-    ``VLLM_XGRAMMAR_CACHE_MB``, its default 512), least recently used first out. The research loop's
-    grammars are a few it reuses for every question (turns, plan forms, judges) and one per replayed plan
-    (a positive memory's plan written again at inference), so the engine core's memory grows with the
-    distinct replayed plans until this bound; a small vocabulary's grammars are small and need less."""
+    ``VLLM_XGRAMMAR_CACHE_MB``, its default 512), least recently used first out. The research loop reuses a
+    few grammars for every question (turns, plan forms, judges); clients' own ``response_format`` schemas and
+    regexes are one each, so the engine core's memory grows with the distinct ones until this bound; a small
+    vocabulary's grammars are small and need less."""
     compact_json: bool = False
     """JSON-constrained output without optional whitespace: small models otherwise fill their budget with
     newlines between keys. Needs ``structured_outputs_backend`` xgrammar or guidance."""
