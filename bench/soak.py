@@ -145,19 +145,12 @@ def tree_rss_mb(pid: int) -> tuple[dict[str, float], dict[str, float]]:
     rss, anon = {}, {}
     for member in members:
         try:
-            name = f"{member.name()}[{member.pid}]"
-            rss[name] = member.memory_info().rss / 2**20
-            anon[name] = _rss_anon_kb(member.pid) / 2**10
-        except (psutil.NoSuchProcess, OSError):
+            name, info = f"{member.name()}[{member.pid}]", member.memory_info()
+        except psutil.NoSuchProcess:
             continue
+        rss[name] = info.rss / 2**20
+        anon[name] = (info.rss - info.shared) / 2**20  # Linux: shared = RssFile + RssShmem, the rest is RssAnon
     return rss, anon
-
-
-def _rss_anon_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
 
 
 async def sample(soak: Soak, pid: int, every_s: float, samples: list[dict[str, Any]]) -> None:
