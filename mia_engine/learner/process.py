@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..base.heap_trim import trim_heap
 from ..base.logs import JsonFormatter, configure
 from ..base.parent_watch import PARENT_PID_ENV, watch_parent
 from ..config.learner import LearnerConfig
@@ -211,11 +212,27 @@ def serve_learner(conn: Connection, parent_pid: int, base_dir: Path, adapter_dir
             request = conn.recv_bytes()
         except EOFError:  # the parent closed the pipe: stop
             _exit_now()
-        try:
-            method, args = pickle.loads(request)
-            _answer(conn, True, _run(learner, method, args), learner.version)
-        except Exception as err:
-            _answer(conn, False, _portable(err), learner.version)
+        _handle(conn, learner, request)
+
+
+def _handle(conn: Connection, learner: PlannerLearner, request: bytes) -> None:
+    """Answer one pickled ``(method, args)`` call, then trim the heap after the calls that end a burst."""
+    method = ""
+    try:
+        method, args = pickle.loads(request)
+        _answer(conn, True, _run(learner, method, args), learner.version)
+    except Exception as err:
+        _answer(conn, False, _portable(err), learner.version)
+    if method in HEAP_TRIMMED_AFTER:
+        trim_heap()
+
+
+HEAP_TRIMMED_AFTER = frozenset({"step", "token_logprobs"})
+"""Calls after which the child gives glibc's free pages back to the system (``base.heap_trim``), once it has
+answered: a batch's activations and log-prob chunks are freed at its end, and glibc would keep their pages
+resident for the next batch's reuse, so the process's RSS would ratchet up to its largest batch yet. The
+serving process trims its own heap on a timer (``server.malloc_trim_interval_s``), which a learner thread
+shares; this process has no event loop, and trims where its bursts end."""
 
 
 def _run(learner: PlannerLearner, method: str, args: tuple) -> Any:

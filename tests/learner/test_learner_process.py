@@ -164,3 +164,39 @@ def test_the_learner_process_dies_with_its_parent(tiny: Path, tmp_path: Path) ->
         parent.wait()
         if not _is_gone(child):  # a failed case must not leave a learner behind
             psutil.Process(child).kill()
+
+
+class _Answering:
+    """The learner's surface ``_handle`` calls into (the dispatch is pure logic; the real child is above)."""
+
+    version = 3
+
+    def step(self, samples: list) -> int:
+        return len(samples)
+
+    def token_logprobs(self, batch: list) -> list:
+        return []
+
+    def lora_state(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize(("method", "args", "trims"), [
+    ("step", ([1, 2],), 1), ("token_logprobs", ([],), 1), ("lora_state", (), 0), ("no_such_call", (), 0)])
+def test_the_child_trims_its_heap_after_the_calls_that_end_a_burst(monkeypatch: pytest.MonkeyPatch, method: str,
+                                                                   args: tuple, trims: int) -> None:
+    """A GRPO step's activations (and a scoring pass's log-prob chunks) are freed when it ends; the child then
+    gives glibc's free pages back, after its answer is sent, so its RSS does not ratchet up to its largest
+    batch yet."""
+    import multiprocessing
+    import pickle
+
+    from mia_engine.learner import process as learner_process
+
+    calls: list[str] = []
+    monkeypatch.setattr(learner_process, "trim_heap", lambda: calls.append("trim") or (0.0, 0))
+    here, child = multiprocessing.Pipe()
+    learner_process._handle(child, _Answering(), pickle.dumps((method, args)))  # type: ignore[arg-type]
+    is_ok, _, version = pickle.loads(here.recv_bytes())
+    assert (is_ok, version) == (method != "no_such_call", 3)
+    assert calls == ["trim"] * trims
