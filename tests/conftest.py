@@ -405,12 +405,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             command.start(item.config._tmp_path_factory)  # type: ignore[attr-defined]
 
 
-UNI_EXECUTOR = "--engines.tiny.executor_backend=uni"
+THREAD_LEARNER = "--learner.process=thread"
+"""The test-time learner as a thread of the serving process instead of a spawned process of its own (which
+imports torch and peft in one more interpreter, a few seconds of a core at every start), for servers whose
+tests do not look at the learner's process: the learner's steps and publishes are the same either way. The
+default (a learner process) is what the learning, adapter, learner-restart, mirror and ``serve MODEL`` tests
+run."""
+
+SERVING_ONLY = ("--engines.tiny.executor_backend=uni", THREAD_LEARNER)
 """For the servers of modules that test the serving process (HTTP, keys, limits, logs, research settings, the
 memory journal), not vLLM's processes: the model runs inside the engine-core process, so a start imports vLLM
-in two interpreters instead of three (about a quarter less of a core's time, and ~0.7 GiB less memory). The
-tiny config's own layout (a model worker, its placement and teardown) is what the shared servers and the
-engine, adapter, learning and lifecycle tests run."""
+in two interpreters instead of three (about a quarter less of a core's time, and ~0.7 GiB less memory), and
+the learner is a thread (``THREAD_LEARNER``). The tiny config's own layout (a model worker, its placement and
+teardown) is what the shared servers and the engine, adapter, learning and lifecycle tests run."""
 
 
 def launch_tiny(folder: str, *extra: str, **options) -> Launch:
@@ -475,7 +482,8 @@ would otherwise reach every later test through the shared server)."""
 
 public_server = server_fixture("public_server", launch_tiny(
     "public_server", "--server.admission.max_queued_per_key=8", "--server.admission.max_concurrent_research=2",
-    "--server.admission.max_concurrent_per_model=2", "--server.access_log=true", host="0.0.0.0"), scope="session")
+    "--server.admission.max_concurrent_per_model=2", "--server.access_log=true", THREAD_LEARNER, host="0.0.0.0"),
+    scope="session")
 """A keyed server bound to 0.0.0.0, as deployed, with small admission bounds (2 running and 8 queued per
 key) so an overflow is cheap to provoke, and its access log on; for the Host, queue-bound and log-line tests."""
 

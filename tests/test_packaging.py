@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 
 from mia_engine.base import packages
 from mia_engine.config import load_config
+from tests.conftest import CommandRun, command_fixture
 from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,15 +73,51 @@ def test_markers_are_read_for_a_linux_gpu_box() -> None:
 
 # --- the real extra, from the registry (the walk's logic: tests/test_cuda_stack.py) ---
 
-@pytest.fixture(scope="module")
-def gpu_stack() -> dict[str, cuda_stack.Package]:
+def read_gpu_stack_metadata(folder: Path) -> None:
+    """Walks the gpu extra's tree on the registry and writes what the registry answered (every package's
+    report item, by canonical name) to ``folder/metadata.json``, or why it did not answer to
+    ``folder/unreachable``."""
+    answered: dict[str, dict] = {}
+
+    def recorded(requirements: list[str]) -> dict[str, dict]:
+        items = cuda_stack.registry_source(requirements)
+        answered.update(items)
+        return items
+
     try:
-        return cuda_stack.gpu_stack("gpu", PYPROJECT)
+        cuda_stack.gpu_stack("gpu", PYPROJECT, recorded)
     except cuda_stack.RegistryUnreachable as error:
-        pytest.skip(f"the package registry did not answer, so the gpu extra's CUDA stack is unread: {error}")
+        (folder / "unreachable").write_text(str(error))
+        return
+    (folder / "metadata.json").write_text(json.dumps(answered))
 
 
-@pytest.mark.slow  # reads ~200 packages' metadata: about a minute
+def _gpu_stack_command(folder: Path) -> tuple[list[str], dict[str, str]]:
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests.test_packaging import " \
+           f"read_gpu_stack_metadata; from pathlib import Path; read_gpu_stack_metadata(Path({str(folder)!r}))"
+    return [sys.executable, "-c", code], dict(os.environ)
+
+
+gpu_stack_metadata = command_fixture("gpu_stack_metadata", _gpu_stack_command, start_with="", timeout_s=600)
+"""The registry's answers for the gpu extra's tree (~200 packages' metadata, about a minute of waiting on
+the network), read in a process of its own started with the suite's first test."""
+
+
+@pytest.fixture(scope="module")
+def gpu_stack(gpu_stack_metadata: CommandRun) -> dict[str, cuda_stack.Package]:
+    """The tree walked again here, on the registry's recorded answers."""
+    folder = gpu_stack_metadata.folder
+    assert gpu_stack_metadata.result.returncode == 0, gpu_stack_metadata.result.stderr[-3000:]
+    if (folder / "unreachable").is_file():
+        pytest.skip("the package registry did not answer, so the gpu extra's CUDA stack is unread: "
+                    f"{(folder / 'unreachable').read_text()}")
+    answered = json.loads((folder / "metadata.json").read_text())
+    return cuda_stack.gpu_stack("gpu", PYPROJECT, lambda requirements: {
+        name: answered[name] for name in (canonicalize_name(Requirement(r).name) for r in requirements)
+        if name in answered})
+
+
+@pytest.mark.slow  # its registry reads start with the suite (gpu_stack_metadata)
 def test_the_gpu_extra_brings_one_cuda_major(gpu_stack: dict[str, cuda_stack.Package]) -> None:
     is_ok, text = cuda_stack.check(gpu_stack)
     assert is_ok, text

@@ -18,7 +18,7 @@ from mia_engine.config.vllm_args import ENGINE_ARGS
 from mia_engine.models.embedded import embedded_root
 from mia_engine.models.lora import initial_adapter
 from tests import conftest
-from tests.conftest import _openai, start_server, stop_server, wait_ready
+from tests.conftest import _openai, start_server, stop_server, wait_ready_beside_next
 from tests.test_hf_cache_model import REPO_ID, REVISION, hf_cache_with
 
 TINY_SERVING = ("--tools.max_passages=300", "--tools.embedder.dtype=float32", "--memory.embedder.dtype=float32",
@@ -182,7 +182,7 @@ def test_serve_a_folder_then_its_hub_id_learning_on_the_adapter_made_at_the_firs
     (tmp_path / "a").mkdir()
     server = start_server(tmp_path / "a", None, str(folder), *extra, data_dir=data)
     try:
-        wait_ready(server)
+        wait_ready_beside_next(server)
         client = _openai(server, 120)
         ids = {m.id for m in client.models.list().data}
         assert {str(folder), "mia", "planner", "executor", "manager"} <= ids, ids
@@ -205,7 +205,7 @@ def test_serve_a_folder_then_its_hub_id_learning_on_the_adapter_made_at_the_firs
     (tmp_path / "b").mkdir()
     server = start_server(tmp_path / "b", None, REPO_ID, *extra, "--max-logprobs", "5", data_dir=data)
     try:
-        wait_ready(server)
+        wait_ready_beside_next(server)
         snapshot = hub / "models--mia-test--tiny-qwen3" / "snapshots" / REVISION
         assert f"from {snapshot}" in server.log_path.read_text()
         log = server.log_path.read_text()  # the first start kept the Planner's adapter as its version 1

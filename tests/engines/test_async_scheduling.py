@@ -11,12 +11,13 @@ import uuid
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import ServerHandle, _openai, launch_tiny, server_fixture
+from tests.conftest import THREAD_LEARNER, ServerHandle, _openai, launch_tiny, server_fixture
 
 REGEX = r"\[(yes|no)\] [a-z]{3,8}( [a-z]{2,6}){0,3}"
 
 
-sync_server = server_fixture("sync_server", launch_tiny("sync_server", "--engines.tiny.cpu.async_scheduling=false"))
+sync_server = server_fixture("sync_server", launch_tiny("sync_server", "--engines.tiny.cpu.async_scheduling=false",
+                                                          THREAD_LEARNER))
 
 
 def _greedy(client: OpenAI, model: str, nonce: str, constrained: bool) -> str:

@@ -24,7 +24,7 @@ import pytest
 from mia_engine.config import ConfigError, load_config
 from mia_engine.config.server import ConnectionsConfig, ServerConfig
 from mia_engine.server.connections import ConnectionLimits, ProxyTrust
-from tests.conftest import ServerHandle, _stop_in_background, scrape_metrics, start_server
+from tests.conftest import SERVING_ONLY, ServerHandle, _stop_in_background, scrape_metrics, start_server
 
 HEADER_TIMEOUT_S = 1.0
 PER_CLIENT = 4
@@ -34,8 +34,9 @@ PROXIED_PER_CLIENT = 2
 SLACK_S = 3.0
 """Beyond a deadline, time for the server to act on it while its engine starts beside the test."""
 LISTEN_TIMEOUT_S = 180.0
-LIGHT = ("--tools.max_passages=8", "--server.access_log=true")
-"""A small search index to build while the test runs; the access log shows each request's client address."""
+LIGHT = ("--tools.max_passages=8", "--server.access_log=true", *SERVING_ONLY)
+"""A small search index to build while the test runs; the access log shows each request's client address; the
+serving process alone is under test."""
 
 
 def _launch(tmp: Path, *extra: str) -> ServerHandle:

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from tests.conftest import UNI_EXECUTOR, ServerHandle, launch_tiny, server_fixture
+from tests.conftest import SERVING_ONLY, ServerHandle, launch_tiny, server_fixture
 
 SECRET_PATH = "/private-endpoint-5f1c/search"
 QUESTION = "Which river flows through Paris?"
@@ -82,7 +82,7 @@ def _launch_web_server(factory: pytest.TempPathFactory, failing_search_url: str)
     """Web search against the failing endpoint; the first search is the question itself (pinned)."""
     return launch_tiny("web_server", "--tools.search_backend=web", "--tools.serper_api_key=test-serper-key",
                        f"--tools.serper_url={failing_search_url}", "--agent.first_query=question",
-                       "--agent.max_turns=2", "--agent.max_replans=0", UNI_EXECUTOR)(factory)
+                       "--agent.max_turns=2", "--agent.max_replans=0", *SERVING_ONLY)(factory)
 
 
 web_server = server_fixture("web_server", _launch_web_server, needs=("failing_search_url",))

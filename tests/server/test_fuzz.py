@@ -22,7 +22,7 @@ from mia_engine.server.body import decode_body
 from mia_engine.server.completion_bodies import CompletionRequest
 from mia_engine.server.errors import BadRequest
 from mia_engine.server.openai_bodies import ChatCompletionRequest
-from tests.conftest import UNI_EXECUTOR, ServerHandle, launch_tiny, server_fixture
+from tests.conftest import SERVING_ONLY, ServerHandle, launch_tiny, server_fixture
 
 hypothesis_jsonschema = pytest.importorskip("hypothesis_jsonschema")
 
@@ -38,7 +38,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     max_leaves=12)
 
 
-fuzz_server = server_fixture("fuzz_server", launch_tiny("fuzz_server", *SMALL_LIMITS, UNI_EXECUTOR))
+fuzz_server = server_fixture("fuzz_server", launch_tiny("fuzz_server", *SMALL_LIMITS, *SERVING_ONLY))
 
 
 def _operations(document: dict) -> list[tuple[str, str, dict | None]]:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.conftest import UNI_EXECUTOR, ServerHandle, _openai, server_fixture, start_server
+from tests.conftest import SERVING_ONLY, ServerHandle, _openai, server_fixture, start_server
 from tests.server.test_image_inputs import data_url, encoded, png_header_only
 
 CONFIG = str(Path(__file__).parents[2] / "configs" / "tiny_vl.toml")  # this checkout's
@@ -29,7 +29,7 @@ def _launch_vl_server(tmp_path_factory: pytest.TempPathFactory) -> ServerHandle:
     os.mkfifo(tmp / "images" / "pipe.png")
     return start_server(tmp, CONFIG, f"--tools.image_cache_dir={tmp / 'image_cache'}",
                         "--agent.first_image_search=true", "--server.images.allow_remote=true",
-                        f"--server.images.file_root={tmp / 'images'}", UNI_EXECUTOR)
+                        f"--server.images.file_root={tmp / 'images'}", *SERVING_ONLY)
 
 
 vl_server = server_fixture("vl_server", _launch_vl_server)

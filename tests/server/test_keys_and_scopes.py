@@ -25,7 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import API_KEY, ADMIN_KEY, UNI_EXECUTOR, ServerHandle, server_fixture, start_server
+from tests.conftest import API_KEY, ADMIN_KEY, SERVING_ONLY, ServerHandle, server_fixture, start_server
 from tests.processes import refused_serve
 
 KEYS: dict[str, tuple[str, list[str], int]] = {
@@ -68,7 +68,7 @@ def _launch(factory: pytest.TempPathFactory) -> ServerHandle:
     _write_keys(keys_file, _keys_text(KEYS))
     return start_server(folder, "tiny", f"--server.keys_file={keys_file}", "--server.access_log=true",
                         f"--server.admission.max_concurrent_per_client={PER_CLIENT}",
-                        f"--server.admission.send_buffer_bytes={SEND_BUFFER_BYTES}", UNI_EXECUTOR)
+                        f"--server.admission.send_buffer_bytes={SEND_BUFFER_BYTES}", *SERVING_ONLY)
 
 
 keys_server = server_fixture("keys_server", _launch)

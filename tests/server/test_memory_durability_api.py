@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import (UNI_EXECUTOR, ServerHandle, launch_tiny, server_fixture, start_server, stop_server,
+from tests.conftest import (SERVING_ONLY, ServerHandle, launch_tiny, server_fixture, start_server, stop_server,
                             wait_ready_beside_next)
 from tests.processes import crash_group
 
@@ -21,7 +21,7 @@ def _add(server, body: dict) -> httpx.Response:
 
 
 ARGS = (f"--memory.durability.max_record_bytes={MAX_RECORD_BYTES}",)
-durable_server = server_fixture("durable_server", launch_tiny("durable_server", *ARGS, UNI_EXECUTOR, own_group=True),
+durable_server = server_fixture("durable_server", launch_tiny("durable_server", *ARGS, *SERVING_ONLY, own_group=True),
                                 scope="function")
 """The server killed mid-run (its own process group: killed whole)."""
 
@@ -34,7 +34,7 @@ def test_a_write_replay_would_refuse_is_413_and_nothing_acknowledged_is_lost(dur
     small = _add(server, ADD)
     assert small.status_code == 200
     crash_group(server.process)
-    restarted = start_server(server.home.parent, "tiny", *ARGS, UNI_EXECUTOR, data_dir=server.data_dir)
+    restarted = start_server(server.home.parent, "tiny", *ARGS, *SERVING_ONLY, data_dir=server.data_dir)
     try:
         wait_ready_beside_next(restarted)
         got = httpx.get(f"{restarted.openai_url}/memory/{small.json()['id']}",

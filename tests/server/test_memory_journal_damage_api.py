@@ -17,7 +17,7 @@ from mia_engine.memory.framing import CORRUPT_SUFFIX
 from mia_engine.memory.journal import JOURNAL_NAME
 from mia_engine.memory.store import ExperienceStore
 
-from tests.conftest import (UNI_EXECUTOR, ServerHandle, launch_tiny, server_fixture, start_server, stop_server,
+from tests.conftest import (SERVING_ONLY, ServerHandle, launch_tiny, server_fixture, start_server, stop_server,
                             wait_ready_beside_next)
 from tests.processes import crash_group
 
@@ -33,7 +33,7 @@ def _add(server, i: int) -> str:
     return response.json()["id"]
 
 
-journal_server = server_fixture("journal_server", launch_tiny("journal_server", UNI_EXECUTOR, own_group=True),
+journal_server = server_fixture("journal_server", launch_tiny("journal_server", *SERVING_ONLY, own_group=True),
                                 scope="function")
 """The server killed mid-run (its own process group: killed whole)."""
 
@@ -50,7 +50,7 @@ def test_a_flipped_byte_mid_journal_loses_only_its_record(journal_server: Server
     journal.write_bytes(bytes(data))
 
     (server.home.parent / "again").mkdir()
-    restarted = start_server(server.home.parent / "again", "tiny", UNI_EXECUTOR, data_dir=server.data_dir)
+    restarted = start_server(server.home.parent / "again", "tiny", *SERVING_ONLY, data_dir=server.data_dir)
     try:
         wait_ready_beside_next(restarted)
         found = [httpx.get(f"{restarted.openai_url}/memory/{entry_id}", timeout=30,
@@ -71,7 +71,7 @@ def _found(server: ServerHandle, entry_id: str) -> bool:
     return response.status_code == 200
 
 
-snapshot_server = server_fixture("snapshot_server", launch_tiny("snapshot_server", UNI_EXECUTOR, own_group=True),
+snapshot_server = server_fixture("snapshot_server", launch_tiny("snapshot_server", *SERVING_ONLY, own_group=True),
                                  scope="function")
 """The server killed mid-run (its own process group: killed whole)."""
 
@@ -94,7 +94,7 @@ def test_a_damaged_snapshot_part_loses_only_its_records(snapshot_server: ServerH
     previous.write_bytes(previous.read_bytes()[:-3])  # so the previous generation cannot stand in either
 
     (server.home.parent / "again").mkdir()
-    restarted = start_server(server.home.parent / "again", "tiny", UNI_EXECUTOR, data_dir=server.data_dir)
+    restarted = start_server(server.home.parent / "again", "tiny", *SERVING_ONLY, data_dir=server.data_dir)
     try:
         wait_ready_beside_next(restarted)
         assert [_found(restarted, entry_id) for entry_id in ids] == [not 4 <= i < 8 for i in range(16)]

@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from mia_engine.agent.plan_searches import parse_plan_searches, plan_searches_regex
 from mia_engine.config import load_config
-from tests.conftest import UNI_EXECUTOR, ServerHandle, _openai, launch_tiny, server_fixture
+from tests.conftest import SERVING_ONLY, ServerHandle, _openai, launch_tiny, server_fixture
 
 OVERRIDES = ("--agent.plan_form=searches", "--agent.replay_min_similarity=0.95", "--agent.first_query=question",
              "--agent.answer_from=evidence", "--agent.max_replans=0", "--agent.answer_choice=closed_book",
@@ -25,7 +25,7 @@ STORED_PLAN = "Search: Seine (river) | Paris\nSearch: Île de la Cité\n"
 """A plan with regex metacharacters and a non-ASCII letter: the replay's literal regex must escape them."""
 
 
-searches_server = server_fixture("searches_server", launch_tiny("searches_server", *OVERRIDES, UNI_EXECUTOR))
+searches_server = server_fixture("searches_server", launch_tiny("searches_server", *OVERRIDES, *SERVING_ONLY))
 
 
 def _ask(client: OpenAI, question: str, **extra: object) -> dict:

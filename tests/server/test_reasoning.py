@@ -14,11 +14,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.conftest import UNI_EXECUTOR, ServerHandle, _openai, launch_tiny, server_fixture
+from tests.conftest import SERVING_ONLY, ServerHandle, _openai, launch_tiny, server_fixture
 
 reasoning_server = server_fixture("reasoning_server", launch_tiny(
     "reasoning_server", "--engines.tiny.reasoning_parser=deepseek_r1",
-    "--engines.tiny.structured_outputs_in_reasoning=true", "--engines.tiny.warmup_max_seqs=0", UNI_EXECUTOR))
+    "--engines.tiny.structured_outputs_in_reasoning=true", "--engines.tiny.warmup_max_seqs=0", *SERVING_ONLY))
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
 THINKING = {"regex": r"abc</think>def"}
 """A thought and an answer, the think block opened by the prompt (as DeepSeek-R1's template does)."""

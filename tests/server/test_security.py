@@ -21,7 +21,7 @@ from mia_engine import cli
 from mia_engine.base.keys import KeyFileError, admin_key, read_key_file
 from mia_engine.cli import parse_config
 from mia_engine.config import ConfigError
-from tests.conftest import UNI_EXECUTOR, launch_tiny, server_fixture
+from tests.conftest import SERVING_ONLY, launch_tiny, server_fixture
 from tests.processes import refused_serve
 
 PROMPT = [{"role": "user", "content": "hello"}]
@@ -225,7 +225,7 @@ def test_which_hosts_each_bind_accepts() -> None:
         == {"mia.example"}
 
 
-keyless_server = server_fixture("keyless_server", launch_tiny("keyless_server", UNI_EXECUTOR, api_key="",
+keyless_server = server_fixture("keyless_server", launch_tiny("keyless_server", *SERVING_ONLY, api_key="",
                                                                admin_key=""))
 """A loopback server started with no key at all, as a user starts one on a shared GPU box."""
 
