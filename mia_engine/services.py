@@ -50,8 +50,11 @@ second (its monitor thread waits on the engine-core process), so the server exit
 class Services:
     """Everything behind the HTTP app, started in order once the server listens."""
 
-    def __init__(self, config: MIAConfig) -> None:
+    def __init__(self, config: MIAConfig, *, learns: bool = True) -> None:
+        """``learns``: start the test-time learner (False for work that never learns, such as an evaluation
+        pass: no learner process to start, and no copy of the Planner in memory)."""
         self.config = config
+        self.learns = learns
         self.metrics = Metrics()
         self.admission = Admission(config.server.admission)
         self.platform = resolve_platform(config.cpu)
@@ -101,7 +104,10 @@ class Services:
         if not (encoder is not None and self.memory.is_ready() and self.roles.is_ready()):
             return
         self.platform.after_engines_up()  # after the passage index, whose build uses every core
-        await self._start_learner()
+        if self.learns:
+            await self._start_learner()
+        else:
+            log.info("test-time learning off: nothing here learns")
         await self.agent.start(self.roles, self.memory.service, self._learn if self.learner.is_ready else None)
         from vllm.utils.gc_utils import freeze_gc_heap, maybe_attach_gc_debug_callback
 
@@ -239,9 +245,10 @@ def _start_error(starting: asyncio.Future) -> str | None:
     return None
 
 
-async def with_services(config: MIAConfig, work: Any) -> Any:
-    """Start the services, check each component, run ``work(services)``, stop (a failure is one line)."""
-    services = Services(config)
+async def with_services(config: MIAConfig, work: Any, *, learns: bool = True) -> Any:
+    """Start the services (``learns``: with the test-time learner), check each component, run
+    ``work(services)``, stop (a failure is one line)."""
+    services = Services(config, learns=learns)
     await services.start()
     try:
         failure = services.start_failure()

@@ -23,7 +23,8 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_run_is_resumable_and_reports_accuracy(tmp_path: Path) -> None:
     """A results file holding the first question (an earlier, interrupted run's) is resumed: that row is kept
-    as it was and only the second question runs (one engine start: a second run would cost one more)."""
+    as it was and only the second question runs (one engine start: a second run would cost one more), with
+    no test-time learner started."""
     out = tmp_path / "results.jsonl"
     first_id = json.loads(DEVSET.read_text().splitlines()[0])["id"]
     earlier = {"id": first_id, "prediction": "from the earlier run", "judge_correct": False, "match": False}
@@ -34,6 +35,9 @@ def test_run_is_resumable_and_reports_accuracy(tmp_path: Path) -> None:
     assert len(rows) == 2 and rows[0] == earlier, rows  # the first was skipped, not run again
     assert rows[1]["id"] != first_id and rows[1]["prediction"] and rows[1]["judge_correct"] in (True, False)
     assert "judge accuracy" in result.stdout
+    # an evaluation learns nothing: no learner (a process importing torch and peft, a copy of the Planner)
+    assert "test-time learning off: nothing here learns" in result.stderr
+    assert "test-time learner ready" not in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.slow

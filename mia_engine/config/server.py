@@ -307,7 +307,8 @@ class ServerConfig(Frozen):
     malloc_trim_interval_s: float = 60.0
     """Every this many seconds the serving process hands the pages glibc's malloc holds free back to the
     system (``malloc_trim``, on a worker thread; ``base/heap_trim.py``), so memory its threads freed does
-    not stay in its RSS; 0 = never. No effect under another C library or a preloaded allocator."""
+    not stay in its RSS; 0 = never. No effect under another C library or a preloaded allocator. A learner
+    process of its own (``learner.process``) trims its heap after each step instead."""
 
     def __post_init__(self) -> None:
         check_positive("max_n", self.max_n)

@@ -94,7 +94,7 @@ def run(config: MIAConfig, dataset: str, out: Path, *, concurrency: int, rollout
     async def work(services: Services) -> None:
         await _answer_all(services, todo, out, concurrency=concurrency, rollouts=rollouts, learn=False, epoch=0)
 
-    asyncio.run(with_services(config, work))
+    asyncio.run(with_services(config, work, learns=False))
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     print(f"{len(rows)} questions: judge accuracy {_mean(r['judge_correct'] for r in rows):.3f}, "
           f"answer match {_mean(r['match'] for r in rows):.3f} ({out})")

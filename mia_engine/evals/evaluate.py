@@ -265,7 +265,7 @@ async def evaluate(config: MIAConfig, run: Run, modes: list[str], *, epochs: int
     try:
         if any(m in BASELINES for m in modes):
             results += await with_services(fresh_config(config, root, "baselines"),
-                                           lambda s: baselines(s, run, modes, concurrency))
+                                           lambda s: baselines(s, run, modes, concurrency), learns=False)
         for mode in (m for m in TTL_MODES if m in modes):
             results += await with_services(
                 fresh_config(config, root, mode),
