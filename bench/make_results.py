@@ -715,12 +715,15 @@ def section_soak(files: Files) -> list[str]:
              "Mixed traffic against the real server (`bench/soak.py`): raw chat, `mia` with `learn: true`, memory "
              "searches. RSS least-squares slopes per process, MB/min, after warm-up / second half / last third (goal "
              "≤ 0.2 after warm-up); in parentheses, where recorded, the same for the anonymous part of RSS (`RssAnon`: "
-             "heaps and tensors, not library pages read in); every soak run (n = 1 each).", "",
+             "heaps and tensors, not library pages read in); after *floor*, where recorded, the same for the "
+             "process's floor (its lowest RSS in each 5-minute window: what it holds between bursts such as "
+             "learner steps, whose working memory comes and goes); every soak run (n = 1 each).", "",
              "| soak | " + " | ".join(label for _, label in SOAK_PROCESSES) + " |",
              "|---|" + "---|" * len(SOAK_PROCESSES)]
     for name in names:
         s = files.doc(name).get("summary", {})
         slopes, anon = s.get("rss_slope_mb_per_min", {}), s.get("anon_slope_mb_per_min", {})
+        floor = s.get("floor_slope_mb_per_min", {})
         requests = s.get("requests", {})
         label = (f"`{s.get('config')}`, {num(s.get('minutes'))} min, {sum(requests.values())} requests, "
                  f"**{s.get('num_errors')} errors**, {s.get('adapter_versions_published')} adapters published, "
@@ -736,6 +739,8 @@ def section_soak(files: Files) -> list[str]:
             cell = " / ".join(num(slopes.get(span, {}).get(process)) for span in spans)
             if process in anon.get("after_warmup", {}):
                 cell += " (" + " / ".join(num(anon.get(span, {}).get(process)) for span in spans) + ")"
+            if process in floor.get("after_warmup", {}):
+                cell += "; floor " + " / ".join(num(floor.get(span, {}).get(process)) for span in spans)
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + ["", " ".join(footer(files, name) for name in names), ""]

@@ -9,8 +9,9 @@ searches. Every ``--sample-s`` the RSS of the server and its children (engine co
 ``/v1/adapters`` and ``/v1/memory/stats`` read (the store grows by design, up to its capacities).
 Reported: requests and errors per kind (any non-200 or transport error is an error), RSS growth after
 the warm-up (the first ``--warmup-fraction`` of the run) and each process's RSS slope (after the warm-up,
-second half, last third), the serving process's heap trims, adapter versions published, and the learning
-stream's answer accuracy per window of the run.
+second half, last third), of RSS's anonymous part, and of its floor (its lowest RSS per 5-minute window:
+what it holds between bursts such as learner steps), the serving process's heap trims, adapter versions
+published, and the learning stream's answer accuracy per window of the run.
 """
 
 from __future__ import annotations
@@ -183,6 +184,30 @@ def rss_slopes(samples: list[dict[str, Any]], duration_s: float, warmup_fraction
     return slopes
 
 
+FLOOR_WINDOW_S = 300.0
+"""Seconds per window of ``floor_slopes``: longer than a learner step on the embedded default (one to two
+minutes on a 2-core CPU), so that every window holds a sample taken between two bursts."""
+
+
+def floor_slopes(samples: list[dict[str, Any]], duration_s: float, warmup_fraction: float,
+                 key: str = "rss_by_process_mb", window_s: float = FLOOR_WINDOW_S) -> dict[str, dict[str, float]]:
+    """``rss_slopes`` of each process's floor: its lowest ``key`` in each ``window_s`` window, at the window's
+    middle. A burst's working memory (a learner step's activations, freed and trimmed when the step ends)
+    comes and goes; what stays between the bursts is what a leak or a ratchet raises. A process busy with
+    bursts most of the time would make the plain least-squares slope read whether the last samples fell in
+    a burst; the floor reads what it holds between them."""
+    samples = [s for s in samples if key in s]
+    windows_by_index: dict[int, list[dict[str, Any]]] = {}
+    for s in samples:
+        windows_by_index.setdefault(int(s["t_s"] // window_s), []).append(s)
+    floors = []
+    for index, members in sorted(windows_by_index.items()):
+        names = set().union(*(m[key] for m in members))
+        floors.append({"t_s": (index + 0.5) * window_s,
+                       key: {n: min(m[key][n] for m in members if n in m[key]) for n in names}})
+    return rss_slopes(floors, duration_s, warmup_fraction, key)
+
+
 def windows(learning: list[tuple[float, bool]], duration_s: float, num: int) -> list[dict[str, float]]:
     size = duration_s / num
     out = []
@@ -219,6 +244,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "rss_growth_after_warmup_mb": growth, "rss_growth_after_warmup_by_process_mb": by_process,
         "rss_slope_mb_per_min": rss_slopes(samples, duration, args.warmup_fraction),
         "anon_slope_mb_per_min": rss_slopes(samples, duration, args.warmup_fraction, "anon_by_process_mb"),
+        "floor_slope_mb_per_min": floor_slopes(samples, duration, args.warmup_fraction),
         "store_growth_after_warmup": {key: warm[-1][key] - warm[0][key] for key in ("memories", "meta_plans")}
         if len(warm) > 1 else None,
         "adapter_versions_published": max((s["adapter_version"] for s in samples), default=0) - 1,
@@ -247,7 +273,8 @@ def main() -> None:
     summary = asyncio.run(main_async(args))
     result.add_run(minutes=summary["minutes"], num_errors=summary["num_errors"],  # one soak is one run
                    requests=sum(summary["requests"].values()), rss_slope_mb_per_min=summary["rss_slope_mb_per_min"],
-                   anon_slope_mb_per_min=summary["anon_slope_mb_per_min"])
+                   anon_slope_mb_per_min=summary["anon_slope_mb_per_min"],
+                   floor_slope_mb_per_min=summary["floor_slope_mb_per_min"])
     report(summary, args.out, result=result, args=args)
 
 

@@ -99,3 +99,21 @@ def test_the_metrics_breakdown_adds_up_what_was_recorded() -> None:
     assert breakdown["prompt_tokens"] == {"planner": 400, "executor": 50}
     assert breakdown["completion_tokens"] == {"planner": 20, "executor": 5}
     assert breakdown["stage_seconds"]["plan"] == pytest.approx(2.0) and breakdown["stage_count"]["plan"] == 2
+
+
+def test_the_soaks_floor_slope_reads_what_stays_between_bursts() -> None:
+    """A learner busy with steps most of the time: 1,000 MB between steps, 2,000 MB during them. The plain
+    least-squares slope reads where the bursts fell (here, more of them late in the run); the floor's is 0.
+    A process whose floor rises 1 MB a minute reads 1."""
+    from bench.soak import floor_slopes, rss_slopes
+
+    samples = []
+    for i in range(120):  # 60 minutes, a sample every 30 s
+        t_s = i * 30.0
+        in_step = (i % 6 != 0) if t_s >= 1800 else (i % 6 in (1, 2))
+        samples.append({"t_s": t_s, "rss_by_process_mb": {"mia-learner[2]": 2000.0 if in_step else 1000.0,
+                                                          "leaky[3]": 500.0 + t_s / 60}})
+    raw, floor = rss_slopes(samples, 3600, 0.2), floor_slopes(samples, 3600, 0.2)
+    assert raw["after_warmup"]["mia-learner[2]"] > 5
+    assert floor["after_warmup"]["mia-learner[2]"] == 0.0 and floor["second_half"]["mia-learner[2]"] == 0.0
+    assert floor["after_warmup"]["leaky[3]"] == pytest.approx(1.0, abs=0.01)
