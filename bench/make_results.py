@@ -196,9 +196,12 @@ def command_of(doc: Any, fallback: str) -> str:
 
 
 def footer(files: Files, name: str, fallback: str = "") -> str:
-    """``Command: `...`. File: ...``: the file's own command, else the one the hand-written page gave."""
-    command = command_of(files.doc(name), LEGACY_COMMANDS.get(name, fallback))
-    return (f"Command: `{command}`. " if command else "") + f"File: {files.origin(name)}."
+    """``Command: `...`. File: ...``: the file's own command, else the one the hand-written page gave; then
+    the note its provenance carries, if any (what was added to the file after its run, say)."""
+    doc = files.doc(name)
+    command = command_of(doc, LEGACY_COMMANDS.get(name, fallback))
+    note = (doc.get("meta") or {}).get("note") if isinstance(doc, dict) else None
+    return (f"Command: `{command}`. " if command else "") + f"File: {files.origin(name)}." + (f" {note}." if note else "")
 
 
 # ---- runs --------------------------------------------------------------------------------------------
