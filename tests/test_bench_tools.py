@@ -117,3 +117,20 @@ def test_the_soaks_floor_slope_reads_what_stays_between_bursts() -> None:
     assert raw["after_warmup"]["mia-learner[2]"] > 5
     assert floor["after_warmup"]["mia-learner[2]"] == 0.0 and floor["second_half"]["mia-learner[2]"] == 0.0
     assert floor["after_warmup"]["leaky[3]"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_stamped_product_command_gets_the_benchmarks_provenance(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    writer = f"import json, sys; open(sys.argv[sys.argv.index('--out') + 1], 'w').write(json.dumps({{'accuracy': 1}}))"
+    done = subprocess.run([sys.executable, "bench/stamped.py", "--", "python", "-c", writer, "--out", str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["accuracy"] == 1 and list(doc)[0] == "meta"
+    meta = doc["meta"]
+    assert meta["command"].startswith("python -c ") and meta["command"].endswith(f"--out {out}")
+    assert {"commit", "machine", "versions", "started_utc", "finished_utc"} <= set(meta)
+    failed = subprocess.run([sys.executable, "bench/stamped.py", "--", "python", "-c", "raise SystemExit(3)",
+                             "--out", str(tmp_path / "none.json")], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 3 and not (tmp_path / "none.json").exists()

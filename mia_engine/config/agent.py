@@ -248,13 +248,13 @@ class AgentConfig(Frozen):
     """How the closed-book answer's token log-probs make one confidence: ``mean`` = the length-normalised
     sequence log-likelihood; ``min`` = the least likely token's (FLARE's test). Chosen with the threshold
     on a dev split (``bench/calibrate_choice.py``)."""
-    closed_book_min_logprob: float = -0.24
+    closed_book_min_logprob: float = -0.25
     """Confidence (nats per token, <= 0) at or above which the closed-book answer is returned instead of
-    the rollout's (``answer_choice = "closed_book"``); -0.24 is a mean token probability of about 0.79.
+    the rollout's (``answer_choice = "closed_book"``); -0.25 is a mean token probability of about 0.78.
     The default is the value ``bench/calibrate_choice.py`` picks for the embedded default on its dev
     splits; a model's log-probs are its own scale, so recalibrate it for another model. -inf: always the
     closed-book answer; 0: only a certain one."""
-    min_grounding: float = 0.58
+    min_grounding: float = 0.61
     """Score in [0, 1] at or above which the ``grounded`` judge calls an answer correct: the relevance of
     the best passage to the question times the share of the answer it holds, both IDF-weighted shares of
     character n-grams (``evidence_support.py``). The default is the value ``bench/calibrate_choice.py``
