@@ -586,12 +586,12 @@ def section_lr_curve(files: Files) -> list[str]:
     return lines + ["", footer(files, name), ""]
 
 
-QUALITY = (("quality_heldout_v20.json", None, "50 held out (`devset_wiki.jsonl`, `heldout`)"),
-           ("quality_popular_v20.json", None, "32 popular subjects (`devset_popularity.jsonl`, `popular`)"),
-           ("quality_longtail_v20.json", None, "32 long-tail subjects (same file, `longtail`)"),
-           ("quality_yesno_heldout_v20.json", None, "12 yes/no (`devset_types.jsonl`, `yesno-heldout`)"),
-           ("quality_comparison_heldout_v20.json", None, "12 comparisons (same file, `comparison-heldout`)"),
-           ("quality_numeric_heldout_v20.json", None, "12 numeric (same file, `numeric-heldout`)"))
+QUALITY = (("quality_heldout_v21.json", None, "50 held out (`devset_wiki.jsonl`, `heldout`)"),
+           ("quality_popular_v21.json", None, "32 popular subjects (`devset_popularity.jsonl`, `popular`)"),
+           ("quality_longtail_v21.json", None, "32 long-tail subjects (same file, `longtail`)"),
+           ("quality_yesno_heldout_v21.json", None, "12 yes/no (`devset_types.jsonl`, `yesno-heldout`)"),
+           ("quality_comparison_heldout_v21.json", None, "12 comparisons (same file, `comparison-heldout`)"),
+           ("quality_numeric_heldout_v21.json", None, "12 numeric (same file, `numeric-heldout`)"))
 """The eval files shown: (file, the file its ReAct pass comes from where that mode ran separately, what)."""
 
 
@@ -622,9 +622,11 @@ def section_quality(files: Files) -> list[str]:
              "default config (SmolLM2-135M), 16 in flight. Paired, question by question: what MIA G = 1 answers and "
              "the other does not (+), the reverse (−), exact two-sided sign test. Written by `python -m mia_engine "
              "eval --config default --dataset <file> --split <split> --modes bare react mia_g1 --concurrency 16 --out "
-             "<file>` (the product's command). The answer choice and the grounded judge are the general mechanisms "
-             "of issue 52 (the model's confidence, IDF-weighted character n-grams), calibrated on the dev splits "
-             "only (`python bench/calibrate_choice.py --config default`); none of these splits was tuned on. Contains "
+             "<file>` (the product's command, under `python bench/stamped.py --`, which adds its provenance). The answer "
+             "choice and the grounded judge are the general mechanisms of issue 52 (the model's confidence, "
+             "IDF-weighted character n-grams), calibrated on the dev splits only (`python bench/calibrate_choice.py "
+             "--config default`: [`calibrate_choice_dev_v21.json`](results/calibrate_choice_dev_v21.json)); none of "
+             "these splits was tuned on. Contains "
              "match is lenient on yes/no and comparison questions (an answer naming both alternatives, or \"No, "
              "...\" restating a false premise, matches).", "",
              "| questions | bare | ReAct | **MIA G = 1** | MIA vs bare | MIA vs ReAct | file |",
@@ -642,6 +644,41 @@ def section_quality(files: Files) -> list[str]:
                      f"{paired(mia, matches(doc, 'bare'))} | {paired(mia, matches(react_doc or {}, 'react'))} | "
                      f"{origin} |")
     return lines + [""]
+
+
+def every_pass(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pass of an eval file, each seed's: ``passes`` (a baseline's dict, a TTL variant's list) and
+    ``other_passes``."""
+    found: list[dict[str, Any]] = []
+    for value in doc.get("passes", {}).values():
+        found.extend(value if isinstance(value, list) else [value])
+    return found + list(doc.get("other_passes", []))
+
+
+def section_ttl_eval(files: Files) -> list[str]:
+    name = files.pick("eval", None, lambda d: any(str(m).startswith("ttl_") for m in d.get("modes", [])))
+    if name is None:
+        return []
+    doc = files.doc(name)
+    lines = ["## Test-time learning, as `eval` measures it", "",
+             f"`eval`'s test-time-learning passes on the embedded default, {doc.get('seeds')} seeds (each a fresh data "
+             "dir, every seed shifted), match metric: each epoch a learning pass over the learned split with its "
+             f"gold answers (G = {doc.get('ttl_rollouts')}: the output the loop returns while it explores, as the "
+             "paper reports test-time learning, its Alg. 3), then G = 1 passes on the learned split and on a split "
+             "never learned from. Median (min–max) over the seeds; Planner versions published by each learning "
+             "pass, per seed.", "",
+             "| pass | epoch | split | accuracy | versions published |", "|---|---|---|---|---|"]
+    passes = every_pass(doc)
+    for entry in doc.get("summary", {}).values():
+        same = [p for p in passes if (p.get("mode"), p.get("epoch"), p.get("is_learning"), p.get("split")) ==
+                (entry["mode"], entry["epoch"], entry["is_learning"], entry["split"])]
+        rate = entry.get("match") or {}
+        what = entry["mode"] + (" (learning: explore)" if entry["is_learning"] else "")
+        published = " / ".join(str(p.get("num_updates", 0)) for p in sorted(same, key=lambda p: p.get("seed", 0)))
+        lines.append(f"| {what} | {entry['epoch'] or '–'} | {entry['split']} | {num(rate.get('median'), 2)} "
+                     f"({num(rate.get('min'), 2)}–{num(rate.get('max'), 2)}) | "
+                     f"{published if entry['is_learning'] else ''} |")
+    return lines + ["", footer(files, name), ""]
 
 
 AB = (("ab_lora_fused_tiny.json", "`cpu_lora_ops = \"grouped\"`: the fused layer (B), per-slice grouped ops (A)"),
@@ -810,7 +847,7 @@ def section_gpu(files: Files) -> list[str]:
 
 
 CLAIMED = {"lr_curve", "research", "vllm_bench_serve", "serving", "latency", "scaling", "memory_search", "ttl", "ab", "cpu_lora",
-           "grammar_compile", "soak", "first_start", "micro"}
+           "eval", "grammar_compile", "soak", "first_start", "micro"}
 
 
 def section_other(files: Files) -> list[str]:
@@ -830,6 +867,7 @@ def section_other(files: Files) -> list[str]:
 
 SECTIONS: list[Section] = [section_research, section_vllm_bench_serve, section_serving, section_latency,
                            section_scaling, section_memory_search, section_ttl, section_lr_curve, section_quality,
+                           section_ttl_eval,
                            section_engine_settings, section_grammar, section_soak, section_first_start, section_micro,
                            section_gpu, section_other]
 

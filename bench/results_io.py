@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = "bench/results"
+"""Where result files go, relative to ``REPO``."""
 SCHEMA = 1
 RUN_NUMBERS = frozenset({"round", "start", "repeat"})
 """Integer fields that number a run within its group (as do fields ending in ``_index``), not measures."""
@@ -66,9 +68,11 @@ def _git(*args: str) -> str | None:
 
 def git_state() -> dict[str, Any]:
     """The commit of the tree the benchmark ran from, and whether its files differed from it (changed or
-    untracked files, ignored ones apart)."""
+    untracked files, ignored ones and ``bench/results/`` apart: result files are what runs write, not what
+    they ran, so a series of runs in one tree does not mark the later ones changed)."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain")  # untracked files count: a new benchmark script is a change too
+    # untracked files count: a new benchmark script is a change too
+    status = _git("status", "--porcelain", "--", ".", f":(exclude){RESULTS_DIR}")
     return {"commit": commit, "dirty": bool(status) if status is not None else None,
             "dirty_files": len(status.splitlines()) if status else 0}
 

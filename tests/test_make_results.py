@@ -86,3 +86,42 @@ def test_the_test_suite_does_not_collect_the_micro_benchmarks() -> None:
     pyproject = tomllib.loads((make_results.BENCH.parent / "pyproject.toml").read_text())
     assert pyproject["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]
     assert (make_results.BENCH / "micro" / "conftest.py").exists()
+
+
+def test_an_evals_test_time_learning_shows_each_pass_over_the_seeds_and_the_versions_published(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    learning = {"mode": "ttl_supervised", "epoch": 1, "is_learning": True, "split": "longtail"}
+    unseen = {"mode": "ttl_supervised", "epoch": 1, "is_learning": False, "split": "popular"}
+    _write(results, "ttl_eval.json", Result("eval", argv=["python", "-m", "mia_engine", "eval", "--seeds", "2"]),
+           modes=["mia_g1", "ttl_supervised"], seeds=2, ttl_rollouts=4,
+           summary={"ttl_supervised/1 explore": {**learning, "match": {"median": 0.5, "min": 0.4, "max": 0.6}},
+                    "ttl_supervised/1 @popular": {**unseen, "match": {"median": 0.3, "min": 0.25, "max": 0.35}}},
+           passes={"ttl_supervised": [{**learning, "seed": 0, "num_updates": 2}, {**unseen, "seed": 0}]},
+           other_passes=[{**unseen, "seed": 1}, {**learning, "seed": 1, "num_updates": 1}])
+
+    page = make_results.render(results)
+
+    assert "| ttl_supervised (learning: explore) | 1 | longtail | 0.5 (0.4–0.6) | 2 / 1 |" in page
+    assert "| ttl_supervised | 1 | popular | 0.3 (0.25–0.35) |  |" in page
+    assert "python -m mia_engine eval --seeds 2" in page and "## Other benchmarks" not in page
+
+
+def test_result_files_written_by_earlier_runs_do_not_mark_a_tree_changed(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    from bench import results_io
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "probe.py").write_text("print(1)\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "probe")
+    monkeypatch.setattr(results_io, "REPO", tmp_path)
+    (tmp_path / "bench" / "results" / "quality_run1.json").write_text("{}")
+    assert results_io.git_state()["dirty"] is False
+    (tmp_path / "bench" / "probe.py").write_text("print(2)\n")
+    assert results_io.git_state() == {**results_io.git_state(), "dirty": True, "dirty_files": 1}
