@@ -121,7 +121,7 @@ def test_the_soaks_floor_slope_reads_what_stays_between_bursts() -> None:
 
 def test_a_stamped_product_command_gets_the_benchmarks_provenance(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    writer = f"import json, sys; open(sys.argv[sys.argv.index('--out') + 1], 'w').write(json.dumps({{'accuracy': 1}}))"
+    writer = "import json, sys; open(sys.argv[sys.argv.index('--out') + 1], 'w').write(json.dumps({'accuracy': 1}))"
     done = subprocess.run([sys.executable, "bench/stamped.py", "--", "python", "-c", writer, "--out", str(out)],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
