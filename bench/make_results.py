@@ -656,29 +656,35 @@ def every_pass(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def section_ttl_eval(files: Files) -> list[str]:
+    """The latest ``eval`` file with a test-time-learning mode, as one paragraph under the quality table."""
     name = files.pick("eval", None, lambda d: any(str(m).startswith("ttl_") for m in d.get("modes", [])))
     if name is None:
         return []
     doc = files.doc(name)
-    lines = ["## Test-time learning, as `eval` measures it", "",
-             f"`eval`'s test-time-learning passes on the embedded default, {doc.get('seeds')} seeds (each a fresh data "
-             "dir, every seed shifted), match metric: each epoch a learning pass over the learned split with its "
-             f"gold answers (G = {doc.get('ttl_rollouts')}: the output the loop returns while it explores, as the "
-             "paper reports test-time learning, its Alg. 3), then G = 1 passes on the learned split and on a split "
-             "never learned from. Median (min–max) over the seeds; Planner versions published by each learning "
-             "pass, per seed.", "",
-             "| pass | epoch | split | accuracy | versions published |", "|---|---|---|---|---|"]
     passes = every_pass(doc)
+
+    def rate(entry: dict[str, Any]) -> str:
+        r = entry.get("match") or {}
+        same = r.get("min") == r.get("max")
+        return num(r.get("median"), 2) + ("" if same else f" ({num(r.get('min'), 2)}–{num(r.get('max'), 2)})")
+
+    epochs: dict[Any, list[str]] = {}
     for entry in doc.get("summary", {}).values():
-        same = [p for p in passes if (p.get("mode"), p.get("epoch"), p.get("is_learning"), p.get("split")) ==
-                (entry["mode"], entry["epoch"], entry["is_learning"], entry["split"])]
-        rate = entry.get("match") or {}
-        what = entry["mode"] + (" (learning: explore)" if entry["is_learning"] else "")
-        published = " / ".join(str(p.get("num_updates", 0)) for p in sorted(same, key=lambda p: p.get("seed", 0)))
-        lines.append(f"| {what} | {entry['epoch'] or '–'} | {entry['split']} | {num(rate.get('median'), 2)} "
-                     f"({num(rate.get('min'), 2)}–{num(rate.get('max'), 2)}) | "
-                     f"{published if entry['is_learning'] else ''} |")
-    return lines + ["", footer(files, name), ""]
+        if entry["is_learning"]:
+            runs = sorted((p for p in passes if p.get("is_learning") and (p.get("mode"), p.get("epoch")) ==
+                           (entry["mode"], entry["epoch"])), key=lambda p: p.get("seed", 0))
+            published = " / ".join(str(p.get("num_updates", 0)) for p in runs)
+            epochs.setdefault(entry["epoch"], []).append(f"explore {rate(entry)} (versions published per seed: {published})")
+        else:
+            epochs.setdefault(entry["epoch"], []).append(f"{entry['split']} {rate(entry)}")
+    steps = "; ".join(("Before learning" if epoch is None else f"epoch {epoch}") + ": " + ", ".join(parts)
+                      for epoch, parts in epochs.items())
+    return [f"**Test-time learning, as `eval` measures it** ({', '.join(m for m in doc.get('modes', []) if m.startswith('ttl_'))}, "
+            f"learned split `{doc.get('split')}`, never learned `{doc.get('ttl_eval_split')}`, {doc.get('num_questions')} "
+            f"questions each, {doc.get('seeds')} seeds, match, median (min–max) over the seeds): each epoch a learning "
+            f"pass over the learned split with its gold answers (G = {doc.get('ttl_rollouts')}; *explore* is what the "
+            "loop returns while it learns, as the paper reports it, Alg. 3), then G = 1 passes on both splits. "
+            f"{steps}.", "", footer(files, name), ""]
 
 
 AB = (("ab_lora_fused_tiny.json", "`cpu_lora_ops = \"grouped\"`: the fused layer (B), per-slice grouped ops (A)"),

@@ -101,8 +101,7 @@ def test_an_evals_test_time_learning_shows_each_pass_over_the_seeds_and_the_vers
 
     page = make_results.render(results)
 
-    assert "| ttl_supervised (learning: explore) | 1 | longtail | 0.5 (0.4–0.6) | 2 / 1 |" in page
-    assert "| ttl_supervised | 1 | popular | 0.3 (0.25–0.35) |  |" in page
+    assert "epoch 1: explore 0.5 (0.4–0.6) (versions published per seed: 2 / 1), popular 0.3 (0.25–0.35)." in page
     assert "python -m mia_engine eval --seeds 2" in page and "## Other benchmarks" not in page
 
 
