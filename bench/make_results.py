@@ -674,15 +674,17 @@ def section_ttl_eval(files: Files) -> list[str]:
             runs = sorted((p for p in passes if p.get("is_learning") and (p.get("mode"), p.get("epoch")) ==
                            (entry["mode"], entry["epoch"])), key=lambda p: p.get("seed", 0))
             published = " / ".join(str(p.get("num_updates", 0)) for p in runs)
-            epochs.setdefault(entry["epoch"], []).append(f"explore {rate(entry)} (versions published per seed: {published})")
+            epochs.setdefault(entry["epoch"], []).append(
+                f"explore {rate(entry)} (versions published per seed: {published})")
         else:
             epochs.setdefault(entry["epoch"], []).append(f"{entry['split']} {rate(entry)}")
     steps = "; ".join(("Before learning" if epoch is None else f"epoch {epoch}") + ": " + ", ".join(parts)
                       for epoch, parts in epochs.items())
-    return [f"**Test-time learning, as `eval` measures it** ({', '.join(m for m in doc.get('modes', []) if m.startswith('ttl_'))}, "
-            f"learned split `{doc.get('split')}`, never learned `{doc.get('ttl_eval_split')}`, {doc.get('num_questions')} "
-            f"questions each, {doc.get('seeds')} seeds, match, median (min–max) over the seeds): each epoch a learning "
-            f"pass over the learned split with its gold answers (G = {doc.get('ttl_rollouts')}; *explore* is what the "
+    modes = ", ".join(m for m in doc.get("modes", []) if m.startswith("ttl_"))
+    return [f"**Test-time learning, as `eval` measures it** ({modes}, learned split `{doc.get('split')}`, never "
+            f"learned `{doc.get('ttl_eval_split')}`, {doc.get('num_questions')} questions each, {doc.get('seeds')} "
+            "seeds, match, median (min–max) over the seeds): each epoch a learning pass over the learned split with "
+            f"its gold answers (G = {doc.get('ttl_rollouts')}; *explore* is what the "
             "loop returns while it learns, as the paper reports it, Alg. 3), then G = 1 passes on both splits. "
             f"{steps}.", "", footer(files, name), ""]
 
