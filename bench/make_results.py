@@ -25,10 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.results_io import is_run_number, provenance  # noqa: E402
+from bench.results_io import RESULTS, is_run_number, provenance  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
-RESULTS = BENCH / "results"
 PAGE = BENCH / "RESULTS.md"
 MAX_LINES = 300
 
@@ -664,9 +663,7 @@ def section_ttl_eval(files: Files) -> list[str]:
     passes = every_pass(doc)
 
     def rate(entry: dict[str, Any]) -> str:
-        r = entry.get("match") or {}
-        same = r.get("min") == r.get("max")
-        return num(r.get("median"), 2) + ("" if same else f" ({num(r.get('min'), 2)}–{num(r.get('max'), 2)})")
+        return spread((entry.get("match") or {}).get("per_seed", [])).text()
 
     epochs: dict[Any, list[str]] = {}
     for entry in doc.get("summary", {}).values():

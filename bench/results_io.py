@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = "bench/results"
-"""Where result files go, relative to ``REPO``."""
+RESULTS = REPO / "bench" / "results"
+"""Where result files go."""
 SCHEMA = 1
 RUN_NUMBERS = frozenset({"round", "start", "repeat"})
 """Integer fields that number a run within its group (as do fields ending in ``_index``), not measures."""
@@ -72,7 +72,7 @@ def git_state() -> dict[str, Any]:
     they ran, so a series of runs in one tree does not mark the later ones changed)."""
     commit = _git("rev-parse", "HEAD")
     # untracked files count: a new benchmark script is a change too
-    status = _git("status", "--porcelain", "--", ".", f":(exclude){RESULTS_DIR}")
+    status = _git("status", "--porcelain", "--", ".", f":(exclude){RESULTS.relative_to(REPO).as_posix()}")
     return {"commit": commit, "dirty": bool(status) if status is not None else None,
             "dirty_files": len(status.splitlines()) if status else 0}
 

@@ -95,14 +95,15 @@ def test_an_evals_test_time_learning_shows_each_pass_over_the_seeds_and_the_vers
     unseen = {"mode": "ttl_supervised", "epoch": 1, "is_learning": False, "split": "popular"}
     _write(results, "ttl_eval.json", Result("eval", argv=["python", "-m", "mia_engine", "eval", "--seeds", "2"]),
            modes=["mia_g1", "ttl_supervised"], seeds=2, ttl_rollouts=4,
-           summary={"ttl_supervised/1 explore": {**learning, "match": {"median": 0.5, "min": 0.4, "max": 0.6}},
-                    "ttl_supervised/1 @popular": {**unseen, "match": {"median": 0.3, "min": 0.25, "max": 0.35}}},
+           summary={"ttl_supervised/1 explore": {**learning, "match": {"per_seed": [0.6, 0.4]}},
+                    "ttl_supervised/1 @popular": {**unseen, "match": {"per_seed": [0.25, 0.35]}}},
            passes={"ttl_supervised": [{**learning, "seed": 0, "num_updates": 2}, {**unseen, "seed": 0}]},
            other_passes=[{**unseen, "seed": 1}, {**learning, "seed": 1, "num_updates": 1}])
 
     page = make_results.render(results)
 
-    assert "epoch 1: explore 0.5 (0.4–0.6) (versions published per seed: 2 / 1), popular 0.3 (0.25–0.35)." in page
+    assert ("epoch 1: explore 0.5 (0.4–0.6, n = 2) (versions published per seed: 2 / 1), popular 0.3 (0.25–0.35, "
+            "n = 2).") in page
     assert "python -m mia_engine eval --seeds 2" in page and "## Other benchmarks" not in page
 
 
@@ -117,6 +118,7 @@ def test_result_files_written_by_earlier_runs_do_not_mark_a_tree_changed(tmp_pat
     git("add", "-A")
     git("commit", "-qm", "probe")
     monkeypatch.setattr(results_io, "REPO", tmp_path)
+    monkeypatch.setattr(results_io, "RESULTS", tmp_path / "bench" / "results")
     (tmp_path / "bench" / "results" / "quality_run1.json").write_text("{}")
     assert results_io.git_state()["dirty"] is False
     (tmp_path / "bench" / "probe.py").write_text("print(2)\n")
